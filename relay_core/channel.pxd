@@ -1,0 +1,127 @@
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from relay_core.seqbuf cimport SequenceBuffer
+from relay_core.fragment cimport ReassemblyBudget
+from relay_core.wire cimport Record
+
+cdef enum:
+    MODE_RELIABLE_ORDERED = 0
+    MODE_REDUNDANT = 1
+    MODE_UNRELIABLE_SEQUENCED = 2
+    MODE_UNRELIABLE = 3
+
+
+cdef struct SentUnit:
+    uint16_t msg_id
+    uint8_t channel
+    uint8_t fragment
+
+
+cdef class SentUnits:
+    """Ring of (channel, message, fragment) units carried by each sent packet.
+
+    A sent packet remembers [start, start + count) in this ring; if the ring has lapped that
+    range before the ack arrives the ack is ignored and the message is repaired by RTO instead.
+    """
+    cdef SentUnit* ring
+    cdef readonly uint64_t head
+    cdef readonly uint64_t capacity
+
+    cdef inline void add(self, int channel, uint16_t msg_id, int fragment) noexcept:
+        cdef SentUnit* unit = &self.ring[self.head & (self.capacity - 1)]
+        unit.msg_id = msg_id
+        unit.channel = <uint8_t>channel
+        unit.fragment = <uint8_t>fragment
+        self.head += 1
+
+
+cdef struct OutMessage:
+    bint in_use
+    bint needs_write            # never sent, or due for an RTO resend
+    uint8_t fragment_count      # 1 = sent as one MESSAGE record
+    uint8_t next_fragment       # write cursor within the current round
+    uint16_t fragments_unacked
+    uint32_t stamp              # datagram stamp of the last write (no duplicate in one datagram)
+    int resends
+    double first_sent           # < 0: never sent
+    double deadline             # next RTO expiry
+    double rto
+    Py_ssize_t record_size      # wire bytes of the whole-message record
+
+
+cdef class SendChannel:
+    cdef readonly int channel_id
+    cdef readonly int mode
+    cdef object pending                 # payloads not yet admitted to the window
+    cdef int max_pending
+    cdef uint16_t next_id
+    cdef readonly uint64_t messages_sent
+    cdef readonly uint64_t resends
+    cdef readonly uint64_t redundant_bytes
+    cdef readonly bint failed           # a message passed the resend or RTO limit
+
+    cdef bint queue(self, bytes payload)
+    cdef bint has_unsent(self)
+    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                          double now, double rto, uint32_t stamp)
+    cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
+                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp)
+    cdef void on_ack(self, uint16_t msg_id, int fragment)
+    cdef void expire(self, double now)
+    cdef double next_deadline(self)
+    cdef Py_ssize_t queued(self)
+
+
+cdef class UnreliableSendChannel(SendChannel):
+    pass
+
+
+cdef class ReliableSendChannel(SendChannel):
+    cdef int window
+    cdef SequenceBuffer slots
+    cdef OutMessage* msgs
+    cdef list payloads                  # bytes, or list of fragment bytes
+    cdef list fragment_acks             # None, or bytearray of per-fragment ack flags
+    cdef uint16_t oldest                # oldest unacked message id (== next_id when empty)
+    cdef int unsent                     # in-window messages with needs_write
+    cdef int fragments_in_flight
+    cdef int max_fragments_in_flight
+    cdef Py_ssize_t fragment_size
+    cdef Py_ssize_t whole_limit
+    cdef int max_resends
+    cdef double rto_limit
+    cdef double earliest_deadline
+
+    cdef void admit(self)
+    cdef void finish(self, OutMessage* m, int slot)
+
+
+cdef class RedundantSendChannel(ReliableSendChannel):
+    pass
+
+
+cdef class ReceiveChannel:
+    cdef readonly int channel_id
+    cdef readonly uint64_t delivered
+    cdef readonly uint64_t duplicates
+
+    cdef int on_record(self, Record* r, bytes datagram, list out)
+
+
+cdef class OrderedReceiveChannel(ReceiveChannel):
+    cdef int window
+    cdef SequenceBuffer slots
+    cdef list held                      # bytes (complete) or PartialMessage per slot
+    cdef uint16_t next_expected
+    cdef ReassemblyBudget budget
+    cdef Py_ssize_t max_message_size
+
+    cdef void _deliver(self, list out)
+
+
+cdef class SequencedReceiveChannel(ReceiveChannel):
+    cdef bint has_last
+    cdef uint16_t last_id
+
+
+cdef class UnreliableReceiveChannel(ReceiveChannel):
+    pass

@@ -1,0 +1,476 @@
+"""Channels: per-channel ordering and the four delivery modes.
+
+Send side
+  UnreliableSendChannel  unreliable and unreliable_sequenced: written once, never tracked.
+  ReliableSendChannel    reliable_ordered: ARQ. A message is written when new, and again only
+                         when its own RTO expires (RTO x1.5 per resend).
+  RedundantSendChannel   redundant: as reliable_ordered, and every datagram also carries the
+                         newest unacked messages that fit the redundancy budget, so a lost
+                         datagram is repaired by the next one. Older messages fall back to RTO.
+
+Receive side
+  OrderedReceiveChannel     reliable_ordered and redundant: window of message ids, duplicate
+                            suppression, fragment reassembly, in-order delivery.
+  SequencedReceiveChannel   drops anything not newer than the newest delivered.
+  UnreliableReceiveChannel  delivers as received.
+"""
+from collections import deque
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.string cimport memset
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+from relay_core.fragment cimport PartialMessage, ReassemblyBudget, split_message
+from relay_core.seqbuf cimport SequenceBuffer
+from relay_core.wire cimport (
+    Record, RK_MESSAGE, RK_FRAGMENT, MESSAGE_RECORD_OVERHEAD, FRAGMENT_RECORD_OVERHEAD,
+    DROP_BAD_FRAGMENT, DROP_MESSAGE_OUT_OF_WINDOW, seq_diff, seq_greater, varint_size,
+    write_message_record, write_fragment_record,
+)
+
+MODES = {
+    "reliable_ordered": MODE_RELIABLE_ORDERED,
+    "redundant": MODE_REDUNDANT,
+    "unreliable_sequenced": MODE_UNRELIABLE_SEQUENCED,
+    "unreliable": MODE_UNRELIABLE,
+}
+
+
+cdef inline Py_ssize_t message_record_size(Py_ssize_t length) noexcept:
+    return 3 + varint_size(length) + length
+
+
+cdef inline Py_ssize_t fragment_record_size(Py_ssize_t length) noexcept:
+    return 5 + varint_size(length) + length
+
+
+cdef class SentUnits:
+    def __cinit__(self, int capacity):
+        if capacity <= 0 or (capacity & (capacity - 1)) != 0:
+            raise ValueError("sent unit capacity must be a power of two")
+        self.capacity = capacity
+        self.head = 0
+        self.ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
+        if self.ring == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        PyMem_Free(self.ring)
+
+
+cdef class SendChannel:
+    def __init__(self, int channel_id, int mode, int max_pending):
+        self.channel_id = channel_id
+        self.mode = mode
+        self.max_pending = max_pending
+        self.pending = deque()
+        self.next_id = 0
+
+    cdef bint queue(self, bytes payload):
+        if len(self.pending) >= self.max_pending:
+            return False
+        self.pending.append(payload)
+        return True
+
+    cdef Py_ssize_t queued(self):
+        return len(self.pending)
+
+    cdef bint has_unsent(self):
+        return len(self.pending) > 0
+
+    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                          double now, double rto, uint32_t stamp):
+        return pos
+
+    cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
+                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp):
+        return pos
+
+    cdef void on_ack(self, uint16_t msg_id, int fragment):
+        pass
+
+    cdef void expire(self, double now):
+        pass
+
+    cdef double next_deadline(self):
+        return -1.0
+
+
+cdef class UnreliableSendChannel(SendChannel):
+    """Each message is written into the next datagram with room for it, once."""
+
+    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                          double now, double rto, uint32_t stamp):
+        cdef bytes payload
+        cdef Py_ssize_t n
+        while self.pending:
+            payload = self.pending[0]
+            n = len(payload)
+            if pos + message_record_size(n) > end:
+                break
+            self.pending.popleft()
+            pos += write_message_record(buf + pos, self.channel_id, self.next_id, payload, n)
+            self.next_id += 1
+            self.messages_sent += 1
+        return pos
+
+
+cdef class ReliableSendChannel(SendChannel):
+    def __init__(self, int channel_id, int mode, int max_pending, int window,
+                 Py_ssize_t fragment_size, Py_ssize_t whole_limit, int max_fragments_in_flight,
+                 int max_resends, double rto_limit):
+        SendChannel.__init__(self, channel_id, mode, max_pending)
+        self.window = window
+        self.slots = SequenceBuffer(window)
+        self.msgs = <OutMessage*>PyMem_Malloc(window * sizeof(OutMessage))
+        if self.msgs == NULL:
+            raise MemoryError()
+        memset(self.msgs, 0, window * sizeof(OutMessage))
+        self.payloads = [None] * window
+        self.fragment_acks = [None] * window
+        self.oldest = 0
+        self.unsent = 0
+        self.fragments_in_flight = 0
+        self.max_fragments_in_flight = max_fragments_in_flight
+        self.fragment_size = fragment_size
+        self.whole_limit = whole_limit
+        self.max_resends = max_resends
+        self.rto_limit = rto_limit
+        self.earliest_deadline = -1.0
+
+    def __dealloc__(self):
+        PyMem_Free(self.msgs)
+
+    cdef Py_ssize_t queued(self):
+        return len(self.pending) + <uint16_t>(self.next_id - self.oldest)
+
+    cdef bint has_unsent(self):
+        if self.unsent > 0:
+            return True
+        if self.pending:
+            self.admit()
+            return self.unsent > 0
+        return False
+
+    cdef void admit(self):
+        """Move queued payloads into the window while ids and fragment budget allow.
+
+        The sender never uses a message id the receiver cannot buffer: at most ``window``
+        ids are outstanding past the oldest unacked one.
+        """
+        cdef bytes payload
+        cdef int slot, count
+        cdef OutMessage* m
+        while self.pending and <uint16_t>(self.next_id - self.oldest) < self.window:
+            payload = self.pending[0]
+            if len(payload) > self.whole_limit:
+                count = (len(payload) + self.fragment_size - 1) // self.fragment_size
+                if (self.fragments_in_flight > 0
+                        and self.fragments_in_flight + count > self.max_fragments_in_flight):
+                    return
+            else:
+                count = 1
+            self.pending.popleft()
+            slot = self.slots.insert(self.next_id)
+            m = &self.msgs[slot]
+            memset(m, 0, sizeof(OutMessage))
+            m.in_use = True
+            m.needs_write = True
+            m.fragment_count = count
+            m.fragments_unacked = count
+            m.first_sent = -1.0
+            if count == 1:
+                self.payloads[slot] = payload
+                self.fragment_acks[slot] = None
+                m.record_size = message_record_size(len(payload))
+            else:
+                self.payloads[slot] = split_message(payload, self.fragment_size)
+                self.fragment_acks[slot] = bytearray(count)
+                self.fragments_in_flight += count
+            self.unsent += 1
+            self.next_id += 1
+
+    cdef void finish(self, OutMessage* m, int slot):
+        """A write round of message m is complete: every unacked fragment went out."""
+        m.needs_write = False
+        m.next_fragment = 0
+        self.unsent -= 1
+
+    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                          double now, double rto, uint32_t stamp):
+        """Write new and RTO-due messages, oldest first; stop at the first that does not fit."""
+        cdef uint16_t msg_id = self.oldest
+        cdef int slot, frag
+        cdef OutMessage* m
+        cdef bytes payload
+        cdef list fragments
+        cdef bytearray acks
+        cdef Py_ssize_t n
+        if self.pending:
+            self.admit()
+        while self.unsent > 0 and msg_id != self.next_id:
+            slot = self.slots.slot(msg_id)
+            m = &self.msgs[slot]
+            if not (m.in_use and m.needs_write and self.slots.contains(msg_id)):
+                msg_id += 1
+                continue
+            if m.fragment_count == 1:
+                if pos + m.record_size > end:
+                    return pos
+                payload = self.payloads[slot]
+                pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
+                units.add(self.channel_id, msg_id, 0)
+            else:
+                fragments = self.payloads[slot]
+                acks = self.fragment_acks[slot]
+                while m.next_fragment < m.fragment_count:
+                    frag = m.next_fragment
+                    if not acks[frag]:
+                        payload = fragments[frag]
+                        n = len(payload)
+                        if pos + fragment_record_size(n) > end:
+                            return pos
+                        pos += write_fragment_record(buf + pos, self.channel_id, msg_id, frag,
+                                                     m.fragment_count, payload, n)
+                        units.add(self.channel_id, msg_id, frag)
+                    m.next_fragment += 1
+            m.stamp = stamp
+            if m.first_sent < 0.0:
+                m.first_sent = now
+                m.rto = rto
+                m.deadline = now + rto
+                self.messages_sent += 1
+                if self.earliest_deadline < 0.0 or m.deadline < self.earliest_deadline:
+                    self.earliest_deadline = m.deadline
+            self.finish(m, slot)
+            msg_id += 1
+        return pos
+
+    cdef void on_ack(self, uint16_t msg_id, int fragment):
+        cdef int slot = self.slots.slot(msg_id)
+        cdef OutMessage* m = &self.msgs[slot]
+        cdef bytearray acks
+        if not (m.in_use and self.slots.contains(msg_id)):
+            return
+        if m.fragment_count > 1:
+            acks = self.fragment_acks[slot]
+            if acks[fragment]:
+                return
+            acks[fragment] = 1
+            self.fragments_in_flight -= 1
+            m.fragments_unacked -= 1
+            if m.fragments_unacked > 0:
+                return
+        if m.needs_write:
+            self.unsent -= 1
+        m.in_use = False
+        self.slots.remove(msg_id)
+        self.payloads[slot] = None
+        self.fragment_acks[slot] = None
+        while self.oldest != self.next_id and not self.slots.contains(self.oldest):
+            self.oldest += 1
+
+    cdef void expire(self, double now):
+        """RTO expiry: mark due messages for resend, back their RTO off by 1.5, flag failure."""
+        cdef uint16_t msg_id = self.oldest
+        cdef OutMessage* m
+        cdef double earliest = -1.0
+        while msg_id != self.next_id:
+            m = &self.msgs[self.slots.slot(msg_id)]
+            if m.in_use and m.first_sent >= 0.0 and self.slots.contains(msg_id):
+                if now >= m.deadline:
+                    m.resends += 1
+                    self.resends += 1
+                    m.rto *= 1.5
+                    m.deadline = now + m.rto
+                    if m.resends > self.max_resends or m.rto > self.rto_limit:
+                        self.failed = True
+                    if not m.needs_write:
+                        m.needs_write = True
+                        m.next_fragment = 0
+                        self.unsent += 1
+                if earliest < 0.0 or m.deadline < earliest:
+                    earliest = m.deadline
+            msg_id += 1
+        self.earliest_deadline = earliest
+
+    cdef double next_deadline(self):
+        return self.earliest_deadline
+
+
+cdef class RedundantSendChannel(ReliableSendChannel):
+    cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
+                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp):
+        """Piggyback the newest already-sent, unacked messages that fit ``budget``.
+
+        The window is chosen newest first (the newest are the ones a just-lost datagram carried)
+        and written oldest first. Fragmented messages are left to RTO: they cannot ride along.
+        """
+        cdef int count = <uint16_t>(self.next_id - self.oldest)
+        cdef int i, start = count, slot
+        cdef uint16_t msg_id
+        cdef Py_ssize_t total = 0
+        cdef Py_ssize_t limit = min(budget, end - pos)
+        cdef OutMessage* m
+        cdef bytes payload
+        i = count - 1
+        while i >= 0:
+            msg_id = <uint16_t>(self.oldest + i)
+            slot = self.slots.slot(msg_id)
+            m = &self.msgs[slot]
+            if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
+                    and self.slots.contains(msg_id)):
+                if total + m.record_size > limit:
+                    break
+                total += m.record_size
+                start = i
+            i -= 1
+        for i in range(start, count):
+            msg_id = <uint16_t>(self.oldest + i)
+            slot = self.slots.slot(msg_id)
+            m = &self.msgs[slot]
+            if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
+                    and self.slots.contains(msg_id)):
+                payload = self.payloads[slot]
+                pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
+                units.add(self.channel_id, msg_id, 0)
+                m.stamp = stamp
+                self.redundant_bytes += m.record_size
+        return pos
+
+
+def make_send_channel(int channel_id, str mode, *, int window, int max_pending,
+                      Py_ssize_t fragment_size, Py_ssize_t whole_limit, int max_fragments_in_flight,
+                      int max_resends, double rto_limit):
+    cdef int code = MODES[mode]
+    if code == MODE_REDUNDANT:
+        return RedundantSendChannel(channel_id, code, max_pending, window, fragment_size,
+                                    whole_limit, max_fragments_in_flight, max_resends, rto_limit)
+    if code == MODE_RELIABLE_ORDERED:
+        return ReliableSendChannel(channel_id, code, max_pending, window, fragment_size,
+                                   whole_limit, max_fragments_in_flight, max_resends, rto_limit)
+    return UnreliableSendChannel(channel_id, code, max_pending)
+
+
+cdef class ReceiveChannel:
+    def __init__(self, int channel_id):
+        self.channel_id = channel_id
+
+    cdef int on_record(self, Record* r, bytes datagram, list out):
+        """Accept one MESSAGE/FRAGMENT record; append deliverable payloads to ``out`` in order.
+
+        Returns 0, or -(DropReason + 1) when the record is refused (the packet is then not acked,
+        so the sender will offer it again).
+        """
+        return 0
+
+
+cdef inline bytes record_payload(Record* r, bytes datagram):
+    return datagram[r.payload_offset:r.payload_offset + r.payload_length]
+
+
+cdef class OrderedReceiveChannel(ReceiveChannel):
+    def __init__(self, int channel_id, int window, ReassemblyBudget budget, Py_ssize_t max_message_size):
+        ReceiveChannel.__init__(self, channel_id)
+        self.window = window
+        self.slots = SequenceBuffer(window)
+        self.held = [None] * window
+        self.next_expected = 0
+        self.budget = budget
+        self.max_message_size = max_message_size
+
+    cdef int on_record(self, Record* r, bytes datagram, list out):
+        cdef int distance = seq_diff(r.msg_id, self.next_expected)
+        cdef int slot, status
+        cdef object entry
+        cdef PartialMessage partial
+        if distance < 0:
+            self.duplicates += 1
+            return 0
+        if distance >= self.window:
+            return -(DROP_MESSAGE_OUT_OF_WINDOW + 1)
+        slot = self.slots.slot(r.msg_id)
+        if self.slots.contains(r.msg_id):
+            entry = self.held[slot]
+            if type(entry) is bytes:
+                self.duplicates += 1
+                return 0
+            if r.kind != RK_FRAGMENT:
+                return -(DROP_BAD_FRAGMENT + 1)
+            partial = <PartialMessage>entry
+            if partial.fragment_count != r.fragment_count:
+                return -(DROP_BAD_FRAGMENT + 1)
+        elif r.kind == RK_FRAGMENT:
+            partial = PartialMessage(r.fragment_count)
+            self.slots.insert(r.msg_id)
+            self.held[slot] = partial
+        else:
+            self.slots.insert(r.msg_id)
+            self.held[slot] = record_payload(r, datagram)
+            self._deliver(out)
+            return 0
+        status = partial.add(r.fragment_index, record_payload(r, datagram), self.budget,
+                             self.max_message_size)
+        if status < 0:
+            if partial.received == 0:
+                self.slots.remove(r.msg_id)
+                self.held[slot] = None
+            return status
+        if partial.received == partial.fragment_count:
+            self.held[slot] = partial.assemble(self.budget)
+            self._deliver(out)
+        return 0
+
+    cdef void _deliver(self, list out):
+        cdef int slot
+        cdef object entry
+        while self.slots.contains(self.next_expected):
+            slot = self.slots.slot(self.next_expected)
+            entry = self.held[slot]
+            if type(entry) is not bytes:
+                return
+            out.append(entry)
+            self.held[slot] = None
+            self.slots.remove(self.next_expected)
+            self.next_expected += 1
+            self.delivered += 1
+
+    def release(self):
+        """Return reassembly memory held by partial messages (the peer is going away)."""
+        for entry in self.held:
+            if isinstance(entry, PartialMessage):
+                (<PartialMessage>entry).release(self.budget)
+        self.held = [None] * self.window
+
+
+cdef class SequencedReceiveChannel(ReceiveChannel):
+    cdef int on_record(self, Record* r, bytes datagram, list out):
+        if r.kind != RK_MESSAGE:
+            return -(DROP_BAD_FRAGMENT + 1)
+        if self.has_last and not seq_greater(r.msg_id, self.last_id):
+            self.duplicates += 1
+            return 0
+        self.has_last = True
+        self.last_id = r.msg_id
+        out.append(record_payload(r, datagram))
+        self.delivered += 1
+        return 0
+
+
+cdef class UnreliableReceiveChannel(ReceiveChannel):
+    cdef int on_record(self, Record* r, bytes datagram, list out):
+        if r.kind != RK_MESSAGE:
+            return -(DROP_BAD_FRAGMENT + 1)
+        out.append(record_payload(r, datagram))
+        self.delivered += 1
+        return 0
+
+
+def make_receive_channel(int channel_id, str mode, *, int window, ReassemblyBudget budget,
+                         Py_ssize_t max_message_size):
+    cdef int code = MODES[mode]
+    if code == MODE_RELIABLE_ORDERED or code == MODE_REDUNDANT:
+        return OrderedReceiveChannel(channel_id, window, budget, max_message_size)
+    if code == MODE_UNRELIABLE_SEQUENCED:
+        return SequencedReceiveChannel(channel_id)
+    return UnreliableReceiveChannel(channel_id)

@@ -1,0 +1,179 @@
+"""Endpoint and channel configuration: one typed object with defaults and validation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+MODES = ("reliable_ordered", "redundant", "unreliable_sequenced", "unreliable")
+
+# Bytes of a DATA packet that are not records, and the largest record header of a fragment.
+_DATA_HEADER = 20
+_FRAGMENT_OVERHEAD = 7
+_SLICE_OVERHEAD = 13
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    mode: str = "reliable_ordered"
+    """One of reliable_ordered, redundant, unreliable_sequenced, unreliable."""
+    window: int = 256
+    """Message ids in flight (reliable modes): a power of two, 8..4096. Both ends must agree."""
+    max_pending: int = 4096
+    """Messages queued behind a full window before send() refuses more."""
+
+    def validate(self, index: int) -> None:
+        where = f"channels[{index}]"
+        if self.mode not in MODES:
+            raise ConfigError(f"{where}.mode={self.mode!r}: allowed {', '.join(MODES)}")
+        if not (8 <= self.window <= 4096) or self.window & (self.window - 1):
+            raise ConfigError(f"{where}.window={self.window}: a power of two in 8..4096")
+        if self.max_pending < 1:
+            raise ConfigError(f"{where}.max_pending={self.max_pending}: at least 1")
+
+
+def default_channels() -> tuple[ChannelConfig, ...]:
+    return (
+        ChannelConfig("reliable_ordered"),
+        ChannelConfig("redundant"),
+        ChannelConfig("unreliable_sequenced"),
+        ChannelConfig("unreliable"),
+    )
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """Everything an Endpoint needs; both ends of a connection must agree on ``channels``."""
+
+    channels: tuple[ChannelConfig, ...] = field(default_factory=default_channels)
+    mtu: int = 1200
+    """Largest UDP payload we send, bytes (576..16384)."""
+    accept_connections: bool = False
+    """True for a server: answer CONNECT_REQUEST from anyone."""
+    max_peers: int = 1024
+    """Connected peers at once; further connects are refused with ``server_full``."""
+
+    rto_initial: float = 0.2
+    rto_min: float = 0.03
+    rto_max: float = 1.0
+    """Floor and ceiling of the RTO computed from SRTT + 4 * RTTVAR, seconds."""
+    rto_limit: float = 5.0
+    """A message whose backed-off RTO exceeds this times the peer out (resend_limit)."""
+    max_resends: int = 20
+    """A message resent more often than this times the peer out (resend_limit)."""
+    peer_timeout: float = 10.0
+    """Nothing received for this long: the peer is timed out."""
+    heartbeat_interval: float = 0.5
+    """Nothing sent for this long: send an empty DATA packet (keeps acks and RTT fresh)."""
+    ack_delay: float = 0.005
+    """Longest we hold an ack hoping to piggyback it on data."""
+
+    connect_timeout: float = 5.0
+    connect_resend_interval: float = 0.1
+    cookie_lifetime: float = 10.0
+    """How long a CHALLENGE cookie stays valid, seconds."""
+
+    max_message_size: int = 256 * 1024
+    """Largest reliable message, bytes; larger ones must go by block transfer."""
+    max_fragments_in_flight: int = 1024
+    """Unacked fragments per channel; further large messages wait."""
+    reassembly_limit: int = 1024 * 1024
+    """Bytes a peer may hold in partly received fragmented messages."""
+
+    block_slice_size: int = 1024
+    block_window: int = 256
+    """Block slices in flight past the first unacked one (<= 512)."""
+    max_block_size: int = 16 * 1024 * 1024
+    max_queued_blocks: int = 8
+
+    send_rate: float = 2_000_000.0
+    """Per-peer pacing budget, bytes/s. Redundant copies and block slices wait when it is spent;
+    new messages, resends and acks never do."""
+    redundancy_budget: int = 1024
+    """Bytes of piggybacked copies per datagram in good mode."""
+    bad_mode_rtt: float = 0.3
+    """SRTT above this puts the peer in bad mode."""
+    bad_mode_redundancy_budget: int = 256
+    """Bytes of piggybacked copies per datagram in bad mode."""
+    good_mode_recovery: float = 5.0
+    """Seconds of good RTT before leaving bad mode."""
+
+    sent_packet_buffer: int = 256
+    received_packet_window: int = 256
+    sent_unit_capacity: int = 4096
+    max_datagrams_per_flush: int = 64
+    """Per peer per datagrams_to_send() call: keeps one busy peer from starving the rest."""
+    seed: Optional[int] = None
+    """Seed for connect ids, session ids and the cookie key; None uses the OS random source."""
+
+    def validate(self) -> "EndpointConfig":
+        def bad(name: str, allowed: str) -> ConfigError:
+            return ConfigError(f"{name}={getattr(self, name)!r}: {allowed}")
+
+        if not self.channels or len(self.channels) > 32:
+            raise ConfigError(f"channels: 1..32 channels, got {len(self.channels)}")
+        for index, channel in enumerate(self.channels):
+            if not isinstance(channel, ChannelConfig):
+                raise ConfigError(f"channels[{index}]: expected ChannelConfig, got {channel!r}")
+            channel.validate(index)
+        if not 576 <= self.mtu <= 16384:
+            raise bad("mtu", "576..16384 bytes")
+        if self.max_peers < 1:
+            raise bad("max_peers", "at least 1")
+        for name in ("rto_initial", "rto_min", "rto_max", "rto_limit", "peer_timeout",
+                     "heartbeat_interval", "connect_timeout", "connect_resend_interval",
+                     "cookie_lifetime", "send_rate", "bad_mode_rtt"):
+            if not getattr(self, name) > 0:
+                raise bad(name, "must be > 0")
+        if self.ack_delay < 0 or self.good_mode_recovery < 0:
+            raise bad("ack_delay" if self.ack_delay < 0 else "good_mode_recovery", "must be >= 0")
+        if self.rto_min > self.rto_max:
+            raise bad("rto_min", f"must not exceed rto_max={self.rto_max}")
+        if self.heartbeat_interval >= self.peer_timeout:
+            raise bad("heartbeat_interval", f"must be below peer_timeout={self.peer_timeout}")
+        if self.max_resends < 1:
+            raise bad("max_resends", "at least 1")
+        if not 1 <= self.max_message_size <= 255 * self.fragment_size:
+            raise bad("max_message_size", f"1..{255 * self.fragment_size} (255 fragments at this mtu)")
+        if self.max_fragments_in_flight < 255:
+            raise bad("max_fragments_in_flight", "at least 255 (one largest message)")
+        if self.reassembly_limit < self.max_message_size:
+            raise bad("reassembly_limit", f"at least max_message_size={self.max_message_size}")
+        if not 64 <= self.block_slice_size <= self.mtu - _DATA_HEADER - _SLICE_OVERHEAD:
+            raise bad("block_slice_size", f"64..{self.mtu - _DATA_HEADER - _SLICE_OVERHEAD} at this mtu")
+        if not 1 <= self.block_window <= 512:
+            raise bad("block_window", "1..512 slices")
+        if not 1 <= self.max_block_size <= 65535 * self.block_slice_size or self.max_block_size >= 2**32:
+            raise bad("max_block_size", f"1..{min(65535 * self.block_slice_size, 2**32 - 1)} bytes")
+        if self.max_queued_blocks < 1:
+            raise bad("max_queued_blocks", "at least 1")
+        for name in ("redundancy_budget", "bad_mode_redundancy_budget"):
+            if not 0 <= getattr(self, name) <= self.mtu:
+                raise bad(name, f"0..mtu ({self.mtu})")
+        for name in ("sent_packet_buffer", "received_packet_window"):
+            value = getattr(self, name)
+            if not 64 <= value <= 32768 or value & (value - 1):
+                raise bad(name, "a power of two in 64..32768")
+        if not 256 <= self.sent_unit_capacity <= 1 << 20 or self.sent_unit_capacity & (self.sent_unit_capacity - 1):
+            raise bad("sent_unit_capacity", "a power of two in 256..1048576")
+        if self.max_datagrams_per_flush < 1:
+            raise bad("max_datagrams_per_flush", "at least 1")
+        return self
+
+    @property
+    def fragment_size(self) -> int:
+        """Payload bytes per fragment: what is left of one datagram after the headers."""
+        return self.mtu - _DATA_HEADER - _FRAGMENT_OVERHEAD
+
+    @property
+    def max_whole_message(self) -> int:
+        """Largest payload sent as one MESSAGE record; unreliable messages may not exceed it."""
+        return min(self.mtu - _DATA_HEADER - 5, 16383)
+
+    def replace(self, **changes) -> "EndpointConfig":
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return EndpointConfig(**values)

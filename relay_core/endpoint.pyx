@@ -1,0 +1,379 @@
+"""The endpoint: many peers behind one transport address, the handshake, and the event queue.
+
+Sans-I/O: the caller feeds datagrams with ``receive(data, address, now)``, sends what
+``datagrams_to_send(now)`` returns, calls ``handle_timeout(now)`` at ``next_timeout()``, and
+drains ``next_event()``. ``now`` is any monotonic clock in seconds chosen by the caller.
+
+Handshake (docs/PROTOCOL.md, "Connection"): CONNECT_REQUEST -> CHALLENGE (a cookie bound to the
+client's address, connect id and time) -> CONNECT_RESPONSE (echoes the cookie) -> ACCEPT (session
+id). The server allocates nothing for a client until the cookie comes back, so a flood from
+spoofed source addresses costs it one keyed hash per datagram and no memory; every reply to an
+unauthenticated datagram is no larger than that datagram.
+"""
+import hashlib
+import hmac
+import random
+from collections import deque
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+
+from relay_core.peer cimport (
+    Peer, STATE_CONNECTING, STATE_CHALLENGED, STATE_CONNECTED, STATE_DISCONNECTING, STATE_CLOSED,
+)
+from relay_core.wire cimport (
+    check_prefix, read_u32, make_challenge, make_connect_response, make_accept, make_refuse,
+    PT_CONNECT_REQUEST, PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE, PT_DATA,
+    PT_DISCONNECT, CONNECT_REQUEST_SIZE, CHALLENGE_SIZE, CONNECT_RESPONSE_SIZE, ACCEPT_SIZE,
+    REFUSE_SIZE, DISCONNECT_SIZE, DATA_HEADER_SIZE, COOKIE_MAC_SIZE,
+    DROP_REASON_COUNT, DROP_TRUNCATED, DROP_BAD_LENGTH, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
+    DROP_BAD_COOKIE, DROP_EXPIRED_COOKIE, DROP_NOT_ACCEPTING, DROP_UNEXPECTED_PACKET,
+)
+
+from relay_core.config import EndpointConfig
+from relay_core.events import PeerDisconnected, PeerStats
+from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
+
+
+cdef inline uint32_t time_ms32(double now) noexcept:
+    return <uint32_t>(<int64_t>(now * 1000.0) & 0xFFFFFFFF)
+
+
+cdef class Endpoint:
+    cdef readonly object config
+    cdef dict peers_by_address
+    cdef dict peers
+    cdef list closing
+    cdef list control_out              # handshake replies waiting for datagrams_to_send
+    cdef object events
+    cdef uint64_t drop_counts[DROP_REASON_COUNT]
+    cdef dict refusal_counts
+    cdef int next_peer_id
+    cdef bytes cookie_key
+    cdef object rng
+    cdef uint8_t* scratch
+    cdef uint32_t cookie_lifetime_ms
+    cdef bint accept_connections
+    cdef int max_peers
+
+    def __init__(self, config=None):
+        self.config = (config if config is not None else EndpointConfig()).validate()
+        self.peers_by_address = {}
+        self.peers = {}
+        self.closing = []
+        self.control_out = []
+        self.events = deque()
+        self.refusal_counts = {}
+        self.next_peer_id = 1
+        self.rng = random.Random(self.config.seed) if self.config.seed is not None else random.SystemRandom()
+        self.cookie_key = bytes(self.rng.getrandbits(8) for _ in range(32))
+        self.cookie_lifetime_ms = <uint32_t>(self.config.cookie_lifetime * 1000.0)
+        self.accept_connections = self.config.accept_connections
+        self.max_peers = self.config.max_peers
+        self.scratch = <uint8_t*>PyMem_Malloc(self.config.mtu)
+        if self.scratch == NULL:
+            raise MemoryError()
+        cdef int i
+        for i in range(DROP_REASON_COUNT):
+            self.drop_counts[i] = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.scratch)
+
+    # -- public API ------------------------------------------------------------------------
+
+    def connect(self, address, double now):
+        """Start connecting to a server at ``address``; returns the peer id.
+
+        Messages sent before the handshake completes are queued and go out once connected.
+        A PeerConnected or PeerDisconnected("connect_timeout" / "refused:...") event follows.
+        """
+        if address in self.peers_by_address:
+            raise ValueError(f"a peer at {address!r} already exists")
+        peer = Peer(self._new_peer_id(), address, self.config, self.events, now, self._random_u32())
+        self.peers_by_address[address] = peer
+        self.peers[peer.peer_id] = peer
+        return peer.peer_id
+
+    def send(self, int peer_id, int channel, bytes payload):
+        """Queue ``payload`` on ``channel`` for a peer.
+
+        Returns False when the peer is gone or the channel's queue is full (``max_pending``).
+        Raises ValueError for a channel that does not exist or a payload too large for the
+        channel's mode; those are programming errors, not network conditions.
+        """
+        cdef Peer peer = self.peers.get(peer_id)
+        channels = self.config.channels
+        if not 0 <= channel < len(channels):
+            raise ValueError(f"channel {channel} does not exist (0..{len(channels) - 1})")
+        mode = channels[channel].mode
+        if mode in ("unreliable", "unreliable_sequenced"):
+            if len(payload) > self.config.max_whole_message:
+                raise ValueError(f"{mode} message of {len(payload)} bytes exceeds one datagram "
+                                 f"({self.config.max_whole_message} bytes at mtu {self.config.mtu})")
+        elif len(payload) > self.config.max_message_size:
+            raise ValueError(f"message of {len(payload)} bytes exceeds max_message_size "
+                             f"({self.config.max_message_size}); use send_block()")
+        if peer is None or peer.state >= STATE_DISCONNECTING:
+            return False
+        return peer.queue_message(channel, payload)
+
+    def send_block(self, int peer_id, bytes data):
+        """Queue a large payload for block transfer; False if the peer is gone or too many
+        blocks are queued. A BlockDelivered event follows once the peer has all of it."""
+        cdef Peer peer = self.peers.get(peer_id)
+        if len(data) > self.config.max_block_size:
+            raise ValueError(f"block of {len(data)} bytes exceeds max_block_size ({self.config.max_block_size})")
+        if peer is None or peer.state >= STATE_DISCONNECTING:
+            return False
+        return peer.block_out.enqueue(data)
+
+    def disconnect(self, int peer_id, str reason="closed"):
+        """Close a connection gracefully: the peer receives DISCONNECT with ``reason``.
+
+        A PeerDisconnected(reason="local:<reason>") event is queued at once.
+        """
+        if reason not in REASON_CODES:
+            raise ValueError(f"unknown reason {reason!r}; allowed: {', '.join(REASON_CODES)}")
+        cdef Peer peer = self.peers.get(peer_id)
+        if peer is None:
+            return False
+        self._close(peer, "local:" + reason, REASON_CODES[reason])
+        return True
+
+    def receive(self, data, address, double now):
+        """Process one datagram from ``address``. Never raises for bad input: a datagram that
+        cannot be used is counted in ``drops`` under its reason."""
+        cdef bytes datagram = data if type(data) is bytes else bytes(data)
+        cdef Py_ssize_t n = len(datagram)
+        cdef const uint8_t* p = <const uint8_t*><const char*>datagram
+        cdef int ptype, rc
+        cdef Peer peer
+        ptype = check_prefix(p, n)
+        if ptype < 0:
+            self.drop_counts[-ptype - 1] += 1
+            return
+        if ptype == PT_DATA:
+            if n < DATA_HEADER_SIZE:
+                self.drop_counts[DROP_TRUNCATED] += 1
+                return
+            peer = self.peers_by_address.get(address)
+            if peer is None or peer.state != STATE_CONNECTED:
+                self.drop_counts[DROP_UNKNOWN_PEER] += 1
+                return
+            if read_u32(p + 4) != peer.session_id:
+                self.drop_counts[DROP_WRONG_SESSION] += 1
+                return
+            rc = peer.on_data(p, n, datagram, now)
+            if rc < 0:
+                self.drop_counts[-rc - 1] += 1
+            return
+        if ptype == PT_CONNECT_REQUEST:
+            self._on_connect_request(p, n, address, now)
+        elif ptype == PT_CONNECT_RESPONSE:
+            self._on_connect_response(p, n, address, now)
+        else:
+            self._on_server_reply(ptype, p, n, datagram, address, now)
+
+    def datagrams_to_send(self, double now):
+        """Everything due at ``now``, as a list of (bytes, address). Runs due timers first."""
+        cdef list out = self.control_out
+        cdef Peer peer
+        cdef double deadline
+        self.control_out = []
+        for peer in self.closing:
+            peer.flush(now, self.scratch, out)
+        self.closing.clear()
+        for peer in list(self.peers.values()):
+            deadline = peer.next_deadline()
+            if 0.0 <= deadline <= now and self._run_timers(peer, now):
+                peer.flush(now, self.scratch, out)      # the DISCONNECT it just queued
+                continue
+            peer.flush(now, self.scratch, out)
+        return out
+
+    def handle_timeout(self, double now):
+        """Run every timer due at ``now`` (timeouts, RTO expiries, mode changes)."""
+        cdef Peer peer
+        cdef double deadline
+        for peer in list(self.peers.values()):
+            deadline = peer.next_deadline()
+            if 0.0 <= deadline <= now:
+                self._run_timers(peer, now)
+
+    def next_timeout(self):
+        """The earliest time something is due, or None when there is nothing to wait for."""
+        cdef Peer peer
+        cdef double deadline, earliest = -1.0
+        if self.control_out or self.closing:
+            return 0.0
+        for peer in self.peers.values():
+            deadline = peer.next_deadline()
+            if deadline >= 0.0 and (earliest < 0.0 or deadline < earliest):
+                earliest = deadline
+        return None if earliest < 0.0 else earliest
+
+    def next_event(self):
+        """The oldest undelivered event, or None."""
+        return self.events.popleft() if self.events else None
+
+    def peer_stats(self, int peer_id):
+        cdef Peer peer = self.peers[peer_id]
+        return PeerStats(**peer.stats_fields())
+
+    def peer_address(self, int peer_id):
+        return (<Peer>self.peers[peer_id]).address
+
+    def is_connected(self, int peer_id):
+        cdef Peer peer = self.peers.get(peer_id)
+        return peer is not None and peer.state == STATE_CONNECTED
+
+    @property
+    def peer_ids(self):
+        return list(self.peers)
+
+    @property
+    def peer_count(self):
+        return len(self.peers)
+
+    @property
+    def drops(self):
+        """Dropped datagrams (or datagram tails) by reason; only non-zero reasons appear."""
+        return {DROP_REASONS[i]: self.drop_counts[i] for i in range(DROP_REASON_COUNT)
+                if self.drop_counts[i]}
+
+    @property
+    def refusals(self):
+        """Connections refused by this server, by reason."""
+        return dict(self.refusal_counts)
+
+    # -- handshake -------------------------------------------------------------------------
+
+    cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time):
+        message = repr(address).encode() + connect_id.to_bytes(4, "little") + cookie_time.to_bytes(4, "little")
+        return hashlib.blake2s(message, key=self.cookie_key, digest_size=COOKIE_MAC_SIZE).digest()
+
+    cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, object address, double now):
+        cdef uint32_t connect_id, cookie_time
+        if not self.accept_connections:
+            self.drop_counts[DROP_NOT_ACCEPTING] += 1
+            return
+        if n < CONNECT_REQUEST_SIZE:
+            self.drop_counts[DROP_BAD_LENGTH] += 1
+            return
+        connect_id = read_u32(p + 4)
+        cookie_time = time_ms32(now)
+        self.control_out.append((make_challenge(connect_id, cookie_time,
+                                                self._cookie_mac(address, connect_id, cookie_time)), address))
+
+    cdef void _on_connect_response(self, const uint8_t* p, Py_ssize_t n, object address, double now):
+        cdef uint32_t connect_id, cookie_time, session_id
+        cdef Peer peer, existing
+        if not self.accept_connections:
+            self.drop_counts[DROP_NOT_ACCEPTING] += 1
+            return
+        if n != CONNECT_RESPONSE_SIZE:
+            self.drop_counts[DROP_BAD_LENGTH] += 1
+            return
+        connect_id = read_u32(p + 4)
+        cookie_time = read_u32(p + 8)
+        mac = (<const char*>p)[12:12 + COOKIE_MAC_SIZE]
+        if not hmac.compare_digest(mac, self._cookie_mac(address, connect_id, cookie_time)):
+            self.drop_counts[DROP_BAD_COOKIE] += 1
+            return
+        if <uint32_t>(time_ms32(now) - cookie_time) > self.cookie_lifetime_ms:
+            self.drop_counts[DROP_EXPIRED_COOKIE] += 1
+            return
+        existing = self.peers_by_address.get(address)
+        if existing is not None:
+            if existing.connect_id == connect_id:
+                # Our ACCEPT was lost and the client asks again: same answer, no new peer.
+                self.control_out.append((make_accept(connect_id, existing.session_id), address))
+                return
+            # The client at this address restarted: the old session is over.
+            self._close(existing, "replaced", REASON_CODES["replaced"])
+        if len(self.peers) >= self.max_peers:
+            self.refusal_counts["server_full"] = self.refusal_counts.get("server_full", 0) + 1
+            self.control_out.append((make_refuse(connect_id, REASON_CODES["server_full"]), address))
+            return
+        peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id)
+        session_id = self._random_u32()
+        self.peers_by_address[address] = peer
+        self.peers[peer.peer_id] = peer
+        peer.connected(session_id, now)
+        self.control_out.append((make_accept(connect_id, session_id), address))
+
+    cdef void _on_server_reply(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                               object address, double now):
+        """CHALLENGE, ACCEPT, REFUSE (to a connecting client) and DISCONNECT (either side)."""
+        cdef Peer peer = self.peers_by_address.get(address)
+        cdef Py_ssize_t size = {PT_CHALLENGE: CHALLENGE_SIZE, PT_ACCEPT: ACCEPT_SIZE,
+                                PT_REFUSE: REFUSE_SIZE, PT_DISCONNECT: DISCONNECT_SIZE}[ptype]
+        if n != size:
+            self.drop_counts[DROP_BAD_LENGTH] += 1
+            return
+        if peer is None:
+            self.drop_counts[DROP_UNKNOWN_PEER] += 1
+            return
+        if ptype == PT_DISCONNECT:
+            if peer.state != STATE_CONNECTED or read_u32(p + 4) != peer.session_id:
+                self.drop_counts[DROP_WRONG_SESSION] += 1
+                return
+            self._close(peer, "remote:" + REASONS.get(p[8], str(p[8])), -1)
+            return
+        if read_u32(p + 4) != peer.connect_id or peer.state == STATE_DISCONNECTING:
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            return
+        if ptype == PT_CHALLENGE:
+            if peer.state != STATE_CONNECTING:
+                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+                return
+            peer.cookie_packet = make_connect_response(peer.connect_id, read_u32(p + 8),
+                                                       datagram[12:12 + COOKIE_MAC_SIZE])
+            peer.state = STATE_CHALLENGED
+            peer.next_handshake_at = now
+        elif ptype == PT_ACCEPT:
+            if peer.state == STATE_CONNECTED:
+                return      # a duplicate ACCEPT for the session we already have
+            if peer.state != STATE_CHALLENGED:
+                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+                return
+            peer.connected(read_u32(p + 8), now)
+        else:
+            if peer.state == STATE_CONNECTED:
+                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+                return
+            self._close(peer, "refused:" + REASONS.get(p[8], str(p[8])), -1)
+
+    # -- internals -------------------------------------------------------------------------
+
+    cdef bint _run_timers(self, Peer peer, double now):
+        """True when the peer was closed by a timer."""
+        reason = peer.check_timers(now)
+        if reason is None:
+            return False
+        self._close(peer, reason, REASON_CODES["timeout"] if reason != "connect_timeout" else -1)
+        return True
+
+    cdef void _close(self, Peer peer, str reason, int code):
+        """Remove a peer now; with code >= 0 a DISCONNECT goes out in the next flush."""
+        self.peers_by_address.pop(peer.address, None)
+        self.peers.pop(peer.peer_id, None)
+        peer.release()
+        self.events.append(PeerDisconnected(peer.peer_id, peer.address, reason))
+        if code >= 0 and peer.state == STATE_CONNECTED:
+            peer.begin_disconnect(code)
+            self.closing.append(peer)
+        else:
+            peer.state = STATE_CLOSED
+
+    cdef int _new_peer_id(self):
+        cdef int peer_id = self.next_peer_id
+        self.next_peer_id += 1
+        return peer_id
+
+    cdef uint32_t _random_u32(self):
+        cdef uint32_t value = 0
+        while value == 0:
+            value = self.rng.getrandbits(32)
+        return value

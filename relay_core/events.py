@@ -1,0 +1,84 @@
+"""Events the endpoint reports; drained with ``Endpoint.next_event()``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class Event:
+    """Base class of every endpoint event."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConnected(Event):
+    peer_id: int
+    """Handle used with send(), disconnect() and peer_stats()."""
+    address: Any
+    """The peer's transport address as given to receive() or connect()."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected(Event):
+    peer_id: int
+    address: Any
+    reason: str
+    """Why: ``timeout``, ``connect_timeout``, ``resend_limit``, ``replaced``, ``refused:<code>``,
+    ``remote:<code>`` (the other side disconnected) or ``local:<code>`` (we did)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived(Event):
+    peer_id: int
+    channel: int
+    """Channel index as configured on both endpoints."""
+    payload: bytes
+    """The message exactly as the sender passed it to send()."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockReceived(Event):
+    peer_id: int
+    block_id: int
+    """Blocks from one peer are numbered 0, 1, 2... (mod 65536) in the order they were sent."""
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BlockDelivered(Event):
+    peer_id: int
+    block_id: int
+    """The receiver has acknowledged every slice of this block."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStats:
+    """A snapshot of one connection's measurements (see docs/PROTOCOL.md, "Statistics")."""
+
+    rtt: float
+    """Smoothed round-trip time, seconds (0.0 before the first sample)."""
+    rtt_variance: float
+    rto: float
+    """Current retransmission timeout for a first send, seconds."""
+    loss: float
+    """Estimated fraction of our packets the peer never acknowledged (EWMA)."""
+    bad_mode: bool
+    """True while the RTT says the link is congested and redundancy is cut back."""
+    packets_sent: int
+    packets_received: int
+    bytes_sent: int
+    bytes_received: int
+    packets_acked: int
+    packets_lost: int
+    messages_sent: int
+    messages_received: int
+    resends: int
+    """RTO expiries across all reliable messages."""
+    redundant_bytes: int
+    """Bytes of piggybacked copies of already-sent messages."""
+    duplicate_messages: int
+    block_slices_sent: int
+    block_slices_resent: int
+    queued_messages: int
+    """Messages waiting to be sent or acknowledged, all channels."""

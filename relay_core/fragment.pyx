@@ -1,0 +1,57 @@
+"""Fragmentation of reliable messages larger than one datagram, and capped reassembly.
+
+A message that does not fit one datagram is cut into at most 255 fragments that share its
+message id; the receiver holds them in a PartialMessage until every fragment has arrived. The
+memory held in partial messages is charged to a per-peer ReassemblyBudget so a peer cannot make
+the endpoint buffer without bound.
+"""
+from relay_core.wire cimport DROP_BAD_FRAGMENT, DROP_MESSAGE_TOO_LARGE, DROP_REASSEMBLY_FULL
+
+MAX_FRAGMENTS = 255
+
+
+cpdef list split_message(bytes payload, Py_ssize_t fragment_size):
+    cdef Py_ssize_t n = len(payload)
+    return [payload[i:i + fragment_size] for i in range(0, n, fragment_size)]
+
+
+cdef class ReassemblyBudget:
+    def __init__(self, Py_ssize_t limit):
+        self.limit = limit
+        self.used = 0
+
+
+cdef class PartialMessage:
+    def __init__(self, int fragment_count):
+        self.fragment_count = fragment_count
+        self.fragments = [None] * fragment_count
+        self.received = 0
+        self.size = 0
+
+    cdef int add(self, int index, bytes data, ReassemblyBudget budget, Py_ssize_t max_message_size):
+        """0 when stored or already held, else -(DropReason + 1)."""
+        cdef Py_ssize_t n = len(data)
+        if index >= self.fragment_count:
+            return -(DROP_BAD_FRAGMENT + 1)
+        if self.fragments[index] is not None:
+            return 0
+        if self.size + n > max_message_size:
+            return -(DROP_MESSAGE_TOO_LARGE + 1)
+        if budget.used + n > budget.limit:
+            return -(DROP_REASSEMBLY_FULL + 1)
+        self.fragments[index] = data
+        self.received += 1
+        self.size += n
+        budget.used += n
+        return 0
+
+    cdef bytes assemble(self, ReassemblyBudget budget):
+        cdef bytes whole = b"".join(self.fragments)
+        self.release(budget)
+        return whole
+
+    cdef void release(self, ReassemblyBudget budget):
+        budget.used -= self.size
+        self.size = 0
+        self.fragments = [None] * self.fragment_count
+        self.received = 0

@@ -1,0 +1,107 @@
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from relay_core.seqbuf cimport SequenceBuffer
+from relay_core.rtt cimport RttEstimator
+from relay_core.channel cimport SentUnits
+from relay_core.fragment cimport ReassemblyBudget
+from relay_core.block cimport BlockSender, BlockReceiver
+from relay_core.wire cimport DataHeader
+
+cdef enum PeerState:
+    STATE_CONNECTING = 0        # client: sending CONNECT_REQUEST
+    STATE_CHALLENGED = 1        # client: sending CONNECT_RESPONSE with the server's cookie
+    STATE_CONNECTED = 2
+    STATE_DISCONNECTING = 3     # sending DISCONNECT, then closed
+    STATE_CLOSED = 4
+
+
+cdef class Peer:
+    cdef readonly int peer_id
+    cdef readonly object address
+    cdef readonly int state
+    cdef readonly uint32_t session_id
+    cdef readonly uint32_t connect_id
+    cdef object events
+
+    # handshake (client side)
+    cdef bytes cookie_packet
+    cdef double created_at
+    cdef double next_handshake_at
+    cdef double connect_timeout
+    cdef double connect_resend_interval
+    cdef int disconnect_code
+
+    # packet sequence numbers and acks
+    cdef uint16_t next_seq
+    cdef bint has_received
+    cdef uint16_t latest_received
+    cdef uint32_t received_bits
+    cdef uint16_t latest_remote_send_time
+    cdef double latest_received_at
+    cdef SequenceBuffer received_packets
+    cdef SequenceBuffer sent_packets
+    cdef double* sent_time
+    cdef uint8_t* sent_acked
+    cdef uint64_t* sent_unit_start
+    cdef uint32_t* sent_unit_count
+    cdef SentUnits units
+    cdef uint32_t stamp
+    cdef uint16_t highest_acked        # newest of our packets the peer has acked
+
+    # loss estimate: packets that fell out of the ack window without being acked
+    cdef uint16_t loss_cursor
+    cdef readonly double loss
+
+    cdef readonly RttEstimator rtt
+    cdef list send_channels
+    cdef list redundant_channels
+    cdef list recv_channels
+    cdef int channel_count
+    cdef ReassemblyBudget reassembly
+    cdef readonly BlockSender block_out
+    cdef BlockReceiver block_in
+    cdef list delivered
+
+    # timers
+    cdef double last_send_at
+    cdef double last_receive_at
+    cdef double ack_due
+    cdef double peer_timeout
+    cdef double heartbeat_interval
+    cdef double ack_delay
+    cdef int mtu
+    cdef int max_datagrams
+
+    # pacing and good/bad mode
+    cdef double tokens
+    cdef double tokens_at
+    cdef double send_rate
+    cdef double token_capacity
+    cdef readonly bint bad_mode
+    cdef double good_since
+    cdef double bad_mode_rtt
+    cdef double good_mode_recovery
+    cdef Py_ssize_t redundancy_budget
+    cdef Py_ssize_t bad_redundancy_budget
+
+    # counters
+    cdef readonly uint64_t packets_sent
+    cdef readonly uint64_t packets_received
+    cdef readonly uint64_t bytes_sent
+    cdef readonly uint64_t bytes_received
+    cdef readonly uint64_t packets_acked
+    cdef readonly uint64_t packets_lost
+    cdef readonly uint64_t messages_received
+
+    cdef void connected(self, uint32_t session_id, double now)
+    cdef void begin_disconnect(self, int code)
+    cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
+    cdef void process_acks(self, DataHeader* h, double now)
+    cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
+    cdef bint wants_send(self, double now)
+    cdef void refill(self, double now)
+    cdef void flush(self, double now, uint8_t* buf, list out)
+    cdef void flush_handshake(self, double now, list out)
+    cdef str check_timers(self, double now)
+    cdef double next_deadline(self)
+    cdef void release(self)
+    cdef bint _more_to_send(self, double now)

@@ -1,0 +1,452 @@
+"""One connection: packet sequence and acks, RTT, channels, blocks, timers and pacing.
+
+The Endpoint owns peers and routes datagrams to them; a Peer never sees a socket or a clock, only
+the ``now`` it is handed. Datagram layout and record codecs live in wire.pyx; this module decides
+what goes into each datagram and what an incoming one means.
+"""
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.string cimport memset
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+from relay_core.seqbuf cimport SequenceBuffer
+from relay_core.rtt cimport RttEstimator
+from relay_core.fragment cimport ReassemblyBudget
+from relay_core.block cimport BlockSender, BlockReceiver
+from relay_core.channel cimport (
+    SentUnits, SentUnit, SendChannel, ReceiveChannel, OrderedReceiveChannel, MODE_REDUNDANT,
+)
+from relay_core.wire cimport (
+    DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
+    make_connect_request, make_disconnect, time_ms16,
+    DATA_HEADER_SIZE, RK_MESSAGE, RK_FRAGMENT, RK_BLOCK_SLICE, RK_BLOCK_ACK,
+    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_UNKNOWN_CHANNEL,
+)
+
+from relay_core.channel import make_send_channel, make_receive_channel
+from relay_core.events import BlockDelivered, BlockReceived, MessageReceived, PeerConnected
+from relay_core.wire import REASONS
+
+# Copies of a DISCONNECT sent back to back: it is not acked, so one lost copy must not matter.
+DISCONNECT_COPIES = 3
+# Bytes the IP and UDP headers add to every datagram; counted against the pacing budget.
+IP_UDP_OVERHEAD = 28
+# Weight of one packet in the loss EWMA.
+LOSS_ALPHA = 0.05
+# An ack names the newest packet and the 31 before it, so at most this many packets can be
+# in flight and still be acked; a burst (fragments, block slices) waits for acks past it.
+cdef int ACK_WINDOW = 32
+
+
+cdef class Peer:
+    def __init__(self, int peer_id, object address, object config, object events, double now,
+                 uint32_t connect_id):
+        cdef int n
+        self.peer_id = peer_id
+        self.address = address
+        self.events = events
+        self.connect_id = connect_id
+        self.state = STATE_CONNECTING
+        self.created_at = now
+        self.next_handshake_at = now
+        self.connect_timeout = config.connect_timeout
+        self.connect_resend_interval = config.connect_resend_interval
+        self.disconnect_code = 0
+
+        self.received_packets = SequenceBuffer(config.received_packet_window)
+        self.sent_packets = SequenceBuffer(config.sent_packet_buffer)
+        n = config.sent_packet_buffer
+        self.sent_time = <double*>PyMem_Malloc(n * sizeof(double))
+        self.sent_acked = <uint8_t*>PyMem_Malloc(n)
+        self.sent_unit_start = <uint64_t*>PyMem_Malloc(n * sizeof(uint64_t))
+        self.sent_unit_count = <uint32_t*>PyMem_Malloc(n * sizeof(uint32_t))
+        if not (self.sent_time and self.sent_acked and self.sent_unit_start and self.sent_unit_count):
+            raise MemoryError()
+        memset(self.sent_acked, 0, n)
+        self.highest_acked = 0xFFFF     # "packet -1": nothing acked yet, first seq is 0
+        self.units = SentUnits(config.sent_unit_capacity)
+        self.loss = 0.0
+        self.loss_cursor = 0
+
+        self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max)
+        self.reassembly = ReassemblyBudget(config.reassembly_limit)
+        self.send_channels = []
+        self.redundant_channels = []
+        self.recv_channels = []
+        for index, channel in enumerate(config.channels):
+            sender = make_send_channel(
+                index, channel.mode, window=channel.window, max_pending=channel.max_pending,
+                fragment_size=config.fragment_size, whole_limit=config.max_whole_message,
+                max_fragments_in_flight=config.max_fragments_in_flight,
+                max_resends=config.max_resends, rto_limit=config.rto_limit)
+            self.send_channels.append(sender)
+            if (<SendChannel>sender).mode == MODE_REDUNDANT:
+                self.redundant_channels.append(sender)
+            self.recv_channels.append(make_receive_channel(
+                index, channel.mode, window=channel.window, budget=self.reassembly,
+                max_message_size=config.max_message_size))
+        self.channel_count = len(self.send_channels)
+        self.block_out = BlockSender(config.block_slice_size, config.block_window, config.max_queued_blocks)
+        self.block_in = BlockReceiver(config.max_block_size)
+        self.delivered = []
+
+        self.last_send_at = now
+        self.last_receive_at = now
+        self.ack_due = -1.0
+        self.peer_timeout = config.peer_timeout
+        self.heartbeat_interval = config.heartbeat_interval
+        self.ack_delay = config.ack_delay
+        self.mtu = config.mtu
+        self.max_datagrams = config.max_datagrams_per_flush
+
+        self.send_rate = config.send_rate
+        self.token_capacity = max(config.send_rate * 0.05, 4.0 * config.mtu)
+        self.tokens = self.token_capacity
+        self.tokens_at = now
+        self.bad_mode = False
+        self.good_since = now
+        self.bad_mode_rtt = config.bad_mode_rtt
+        self.good_mode_recovery = config.good_mode_recovery
+        self.redundancy_budget = config.redundancy_budget
+        self.bad_redundancy_budget = config.bad_mode_redundancy_budget
+
+    def __dealloc__(self):
+        PyMem_Free(self.sent_time)
+        PyMem_Free(self.sent_acked)
+        PyMem_Free(self.sent_unit_start)
+        PyMem_Free(self.sent_unit_count)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    cdef void connected(self, uint32_t session_id, double now):
+        self.session_id = session_id
+        self.state = STATE_CONNECTED
+        self.last_receive_at = now
+        self.last_send_at = now
+        self.events.append(PeerConnected(self.peer_id, self.address))
+
+    cdef void begin_disconnect(self, int code):
+        self.disconnect_code = code
+        self.state = STATE_DISCONNECTING if self.session_id != 0 else STATE_CLOSED
+
+    cdef void release(self):
+        """Give back memory charged to shared budgets; the peer is being removed."""
+        for channel in self.recv_channels:
+            if isinstance(channel, OrderedReceiveChannel):
+                channel.release()
+
+    # -- receiving -------------------------------------------------------------------------
+
+    cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now):
+        """Handle a DATA packet whose session id matched; 0 or -(DropReason + 1)."""
+        cdef DataHeader h
+        cdef Record r
+        cdef Py_ssize_t pos = DATA_HEADER_SIZE
+        cdef int status = 0, rc, distance
+        cdef bint has_records = False
+        read_data_header(p, &h)
+        if self.has_received:
+            distance = seq_diff(h.seq, self.latest_received)
+            if distance <= 0:
+                if -distance >= self.received_packets.size:
+                    return -(DROP_STALE_PACKET + 1)
+                if self.received_packets.contains(h.seq):
+                    return -(DROP_DUPLICATE_PACKET + 1)
+        self.last_receive_at = now
+        self.packets_received += 1
+        self.bytes_received += n
+        self.process_acks(&h, now)
+        while pos < n:
+            pos = parse_record(p, pos, n, &r)
+            if pos < 0:
+                status = <int>pos
+                break
+            has_records = True
+            if r.kind == RK_MESSAGE or r.kind == RK_FRAGMENT:
+                if r.channel >= self.channel_count:
+                    status = -(DROP_UNKNOWN_CHANNEL + 1)
+                    break
+                rc = (<ReceiveChannel>self.recv_channels[r.channel]).on_record(&r, datagram, self.delivered)
+                if self.delivered:
+                    for payload in self.delivered:
+                        self.events.append(MessageReceived(self.peer_id, r.channel, payload))
+                    self.messages_received += len(self.delivered)
+                    self.delivered.clear()
+            elif r.kind == RK_BLOCK_SLICE:
+                rc = self.block_in.on_slice(&r, p, self.delivered)
+                if self.delivered:
+                    block_id, data = self.delivered.pop()
+                    self.events.append(BlockReceived(self.peer_id, block_id, data))
+            else:
+                rc = self.block_out.on_ack(&r, p)
+                if rc == 1:
+                    self.events.append(BlockDelivered(self.peer_id, <uint16_t>(self.block_out.block_id - 1)))
+                    rc = 0
+            if rc < 0:
+                status = rc
+                break
+        # A packet with a refused record is not acked: the sender will offer its records again
+        # (everything already accepted is then a harmless duplicate).
+        if status == 0:
+            self.record_received(h.seq, h.send_time, now)
+            if has_records and self.ack_due < 0.0:
+                self.ack_due = now + self.ack_delay
+        return status
+
+    cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now):
+        cdef int distance
+        if not self.has_received:
+            self.has_received = True
+            self.latest_received = seq
+            self.received_bits = 1
+        else:
+            distance = seq_diff(seq, self.latest_received)
+            if distance > 0:
+                if distance > 1:
+                    self.received_packets.remove_range(<uint16_t>(self.latest_received + 1),
+                                                       <uint16_t>(seq - 1))
+                self.received_bits = 1 if distance >= 32 else (self.received_bits << distance) | 1
+                self.latest_received = seq
+            elif -distance < 32:
+                self.received_bits |= (<uint32_t>1) << (-distance)
+        self.received_packets.insert(seq)
+        if seq == self.latest_received:
+            self.latest_remote_send_time = remote_send_time
+            self.latest_received_at = now
+
+    cdef void process_acks(self, DataHeader* h, double now):
+        cdef int i, slot
+        cdef uint16_t seq
+        cdef uint64_t u, start, count
+        cdef SentUnit* unit
+        cdef SentUnits units = self.units
+        cdef list channels = self.send_channels
+        cdef double sample
+        if h.ack_bits == 0 or not self.sent_packets.contains(h.ack):
+            return
+        if seq_diff(h.ack, self.highest_acked) > 0:
+            self.highest_acked = h.ack
+        for i in range(32):
+            if not (h.ack_bits >> i) & 1:
+                continue
+            seq = <uint16_t>(h.ack - i)
+            if not self.sent_packets.contains(seq):
+                continue
+            slot = self.sent_packets.slot(seq)
+            if self.sent_acked[slot]:
+                continue
+            self.sent_acked[slot] = 1
+            self.packets_acked += 1
+            start = self.sent_unit_start[slot]
+            count = self.sent_unit_count[slot]
+            # Units overwritten by newer packets are repaired by RTO instead.
+            if units.head - start > units.capacity:
+                continue
+            for u in range(start, start + count):
+                unit = &units.ring[u & (units.capacity - 1)]
+                (<SendChannel>channels[unit.channel]).on_ack(unit.msg_id, unit.fragment)
+        if h.ack_bits & 1:
+            # echo_time is our send_time plus the time the peer held our packet (PROTOCOL.md).
+            sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
+            if sample < 60.0:
+                self.rtt.add_sample(sample)
+        # Packets 32 or more behind the newest ack can never be acked again: count them.
+        if seq_diff(h.ack, self.loss_cursor) > self.sent_packets.size + 32:
+            self.loss_cursor = <uint16_t>(h.ack - self.sent_packets.size - 32)
+        while seq_diff(h.ack, self.loss_cursor) >= 32 and seq_diff(self.next_seq, self.loss_cursor) > 0:
+            if self.sent_packets.contains(self.loss_cursor):
+                if self.sent_acked[self.sent_packets.slot(self.loss_cursor)]:
+                    self.loss -= LOSS_ALPHA * self.loss
+                else:
+                    self.loss += LOSS_ALPHA * (1.0 - self.loss)
+                    self.packets_lost += 1
+            self.loss_cursor += 1
+
+    # -- sending ---------------------------------------------------------------------------
+
+    cdef void refill(self, double now):
+        if now > self.tokens_at:
+            self.tokens = min(self.token_capacity, self.tokens + (now - self.tokens_at) * self.send_rate)
+            self.tokens_at = now
+
+    cdef bint wants_send(self, double now):
+        cdef SendChannel channel
+        if self.state != STATE_CONNECTED:
+            return self.state != STATE_CLOSED
+        if self.ack_due >= 0.0 and now >= self.ack_due:
+            return True
+        if now - self.last_send_at >= self.heartbeat_interval or self.block_in.ack_owed:
+            return True
+        for channel in self.send_channels:
+            if channel.has_unsent():
+                return True
+        if self.block_out.active():
+            self.refill(now)
+            if self.tokens > 0 and self.block_out.has_due(now, self.rtt.rto):
+                return True
+        return False
+
+    cdef void flush(self, double now, uint8_t* buf, list out):
+        """Append this peer's datagrams for ``now`` to ``out`` as (bytes, address)."""
+        cdef int k, slot
+        cdef Py_ssize_t pos, end = self.mtu
+        cdef DataHeader h
+        cdef SendChannel channel
+        cdef uint64_t units_start
+        cdef double held
+        cdef Py_ssize_t budget = self.bad_redundancy_budget if self.bad_mode else self.redundancy_budget
+        if self.state != STATE_CONNECTED:
+            self.flush_handshake(now, out)
+            return
+        if not self.wants_send(now):
+            return
+        self.refill(now)
+        for k in range(self.max_datagrams):
+            self.stamp += 1
+            units_start = self.units.head
+            pos = DATA_HEADER_SIZE
+            for channel in self.send_channels:
+                pos = channel.write(self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
+            pos = self.block_in.write_ack(buf, pos, end)
+            # Discretionary bytes only while the pacing budget lasts.
+            if self.tokens > 0:
+                for channel in self.redundant_channels:
+                    pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp)
+                if self.block_out.active():
+                    pos = self.block_out.write(buf, pos, end, now, self.rtt.rto)
+            h.session_id = self.session_id
+            h.seq = self.next_seq
+            h.ack = self.latest_received
+            h.ack_bits = self.received_bits
+            h.send_time = time_ms16(now)
+            held = min((now - self.latest_received_at) * 1000.0, 60000.0) if self.has_received else 0.0
+            h.echo_time = <uint16_t>(self.latest_remote_send_time + <uint16_t>held)
+            write_data_header(buf, &h)
+            slot = self.sent_packets.insert(self.next_seq)
+            self.sent_time[slot] = now
+            self.sent_acked[slot] = 0
+            self.sent_unit_start[slot] = units_start
+            self.sent_unit_count[slot] = <uint32_t>(self.units.head - units_start)
+            self.next_seq += 1
+            out.append((PyBytes_FromStringAndSize(<char*>buf, pos), self.address))
+            self.packets_sent += 1
+            self.bytes_sent += pos
+            self.tokens -= pos + IP_UDP_OVERHEAD
+            self.last_send_at = now
+            self.ack_due = -1.0
+            # The first datagram of a flush always goes (a steady stream is never throttled);
+            # a burst stops at the ack window and resumes as acks arrive.
+            if seq_diff(self.next_seq, self.highest_acked) > ACK_WINDOW or not self._more_to_send(now):
+                break
+
+    cdef bint _more_to_send(self, double now):
+        cdef SendChannel channel
+        for channel in self.send_channels:
+            if channel.has_unsent():
+                return True
+        if self.block_in.ack_owed:
+            return True
+        return self.tokens > 0 and self.block_out.active() and self.block_out.has_due(now, self.rtt.rto)
+
+    cdef void flush_handshake(self, double now, list out):
+        cdef int i
+        if self.state == STATE_DISCONNECTING:
+            packet = make_disconnect(self.session_id, self.disconnect_code)
+            for i in range(DISCONNECT_COPIES):
+                out.append((packet, self.address))
+            self.bytes_sent += DISCONNECT_COPIES * len(packet)
+            self.packets_sent += DISCONNECT_COPIES
+            self.state = STATE_CLOSED
+            return
+        if self.state == STATE_CLOSED or now < self.next_handshake_at:
+            return
+        if self.state == STATE_CONNECTING:
+            packet = make_connect_request(self.connect_id)
+        else:
+            packet = self.cookie_packet
+        out.append((packet, self.address))
+        self.bytes_sent += len(packet)
+        self.packets_sent += 1
+        self.next_handshake_at = now + self.connect_resend_interval
+
+    # -- timers ----------------------------------------------------------------------------
+
+    cdef str check_timers(self, double now):
+        """Run expiries; returns a disconnect reason when the peer must go, else None."""
+        cdef SendChannel channel
+        cdef double deadline
+        if self.state == STATE_CONNECTING or self.state == STATE_CHALLENGED:
+            return "connect_timeout" if now - self.created_at >= self.connect_timeout else None
+        if self.state != STATE_CONNECTED:
+            return None
+        if now - self.last_receive_at >= self.peer_timeout:
+            return "timeout"
+        for channel in self.send_channels:
+            deadline = channel.next_deadline()
+            if deadline >= 0.0 and now >= deadline:
+                channel.expire(now)
+                if channel.failed:
+                    return "resend_limit"
+        # Good/bad mode on RTT (not on loss: random wireless loss is not congestion, and cutting
+        # redundancy there would cost exactly the latency redundancy exists to save).
+        if self.rtt.has_sample and self.rtt.srtt > self.bad_mode_rtt:
+            self.bad_mode = True
+            self.good_since = now
+        elif self.bad_mode and now - self.good_since >= self.good_mode_recovery:
+            self.bad_mode = False
+        return None
+
+    cdef double next_deadline(self):
+        """Earliest time at which check_timers or flush has work; 0.0 means now."""
+        cdef double deadline, d
+        cdef SendChannel channel
+        if self.state == STATE_DISCONNECTING:
+            return 0.0
+        if self.state == STATE_CLOSED:
+            return -1.0
+        if self.state != STATE_CONNECTED:
+            return min(self.next_handshake_at, self.created_at + self.connect_timeout)
+        deadline = min(self.last_receive_at + self.peer_timeout, self.last_send_at + self.heartbeat_interval)
+        if self.ack_due >= 0.0:
+            deadline = min(deadline, self.ack_due)
+        if self.block_in.ack_owed:
+            return 0.0
+        for channel in self.send_channels:
+            if channel.has_unsent():
+                return 0.0
+            d = channel.next_deadline()
+            if d >= 0.0:
+                deadline = min(deadline, d)
+        if self.block_out.active():
+            # Tokens refill continuously; re-check slices within a fraction of the RTO.
+            deadline = min(deadline, self.last_send_at + min(self.rtt.rto, 0.01))
+        if self.bad_mode:
+            deadline = min(deadline, self.good_since + self.good_mode_recovery)
+        return deadline
+
+    # -- Python-level access ---------------------------------------------------------------
+
+    def queue_message(self, int channel, bytes payload):
+        return (<SendChannel>self.send_channels[channel]).queue(payload)
+
+    def stats_fields(self):
+        cdef SendChannel channel
+        cdef ReceiveChannel receiver
+        messages_sent = resends = redundant = queued = duplicates = 0
+        for channel in self.send_channels:
+            messages_sent += channel.messages_sent
+            resends += channel.resends
+            redundant += channel.redundant_bytes
+            queued += channel.queued()
+        for receiver in self.recv_channels:
+            duplicates += receiver.duplicates
+        return dict(
+            rtt=self.rtt.srtt, rtt_variance=self.rtt.rttvar, rto=self.rtt.rto, loss=self.loss,
+            bad_mode=self.bad_mode, packets_sent=self.packets_sent,
+            packets_received=self.packets_received, bytes_sent=self.bytes_sent,
+            bytes_received=self.bytes_received, packets_acked=self.packets_acked,
+            packets_lost=self.packets_lost, messages_sent=messages_sent,
+            messages_received=self.messages_received, resends=resends, redundant_bytes=redundant,
+            duplicate_messages=duplicates, block_slices_sent=self.block_out.slices_sent,
+            block_slices_resent=self.block_out.slices_resent, queued_messages=queued,
+        )

@@ -1,0 +1,379 @@
+"""Wire format: packet prefix, DATA header, record codecs and handshake packets.
+
+Every layout here is specified byte by byte in docs/PROTOCOL.md; tests/vectors/*.json tie the
+two together. The cdef functions are the hot path used by peer.pyx; ``decode_packet`` and
+``encode_packet`` expose the same codecs to Python for test vectors and tooling.
+"""
+from libc.string cimport memcpy, memset
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
+
+DROP_REASONS = (
+    "truncated", "bad_magic", "bad_version", "unknown_type", "bad_length", "unknown_peer",
+    "wrong_session", "duplicate_packet", "stale_packet", "bad_cookie", "expired_cookie",
+    "not_accepting", "unexpected_packet", "malformed_record", "unknown_record_kind",
+    "unknown_channel", "bad_fragment", "message_out_of_window", "message_too_large",
+    "reassembly_full", "bad_block_slice", "block_too_large",
+)
+assert len(DROP_REASONS) == DROP_REASON_COUNT
+
+PACKET_TYPES = {
+    PT_CONNECT_REQUEST: "connect_request", PT_CHALLENGE: "challenge",
+    PT_CONNECT_RESPONSE: "connect_response", PT_ACCEPT: "accept", PT_REFUSE: "refuse",
+    PT_DATA: "data", PT_DISCONNECT: "disconnect",
+}
+_PACKET_TYPE_IDS = {name: code for code, name in PACKET_TYPES.items()}
+RECORD_KINDS = {RK_MESSAGE: "message", RK_FRAGMENT: "fragment",
+                RK_BLOCK_SLICE: "block_slice", RK_BLOCK_ACK: "block_ack"}
+
+# Disconnect / refusal reason codes carried in REFUSE and DISCONNECT.
+REASONS = {
+    0: "closed", 1: "server_full", 2: "shutdown", 3: "kicked", 4: "timeout",
+    5: "protocol_error", 6: "replaced",
+}
+REASON_CODES = {name: code for code, name in REASONS.items()}
+
+DATA_HEADER_BYTES = DATA_HEADER_SIZE
+MAX_RECORD_LENGTH = MAX_VARINT_LENGTH
+
+
+def seq_greater_than(int a, int b):
+    """True when 16-bit sequence a is newer than b, across the 65535 -> 0 wrap."""
+    return seq_greater(<uint16_t>a, <uint16_t>b)
+
+
+def seq_distance(int a, int b):
+    """Signed 16-bit distance a - b in [-32768, 32767]."""
+    return seq_diff(<uint16_t>a, <uint16_t>b)
+
+
+cdef int check_prefix(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """Packet type, or -(DropReason + 1) when the prefix is unusable."""
+    if n < PREFIX_SIZE:
+        return -(DROP_TRUNCATED + 1)
+    if p[0] != MAGIC_0 or p[1] != MAGIC_1:
+        return -(DROP_BAD_MAGIC + 1)
+    if p[2] != PROTOCOL_VERSION:
+        return -(DROP_BAD_VERSION + 1)
+    if p[3] < PT_CONNECT_REQUEST or p[3] > PT_DISCONNECT:
+        return -(DROP_UNKNOWN_TYPE + 1)
+    return p[3]
+
+
+cdef void write_prefix(uint8_t* p, int packet_type) noexcept nogil:
+    p[0] = MAGIC_0
+    p[1] = MAGIC_1
+    p[2] = PROTOCOL_VERSION
+    p[3] = <uint8_t>packet_type
+
+
+cdef void write_data_header(uint8_t* p, const DataHeader* h) noexcept nogil:
+    write_prefix(p, PT_DATA)
+    write_u32(p + 4, h.session_id)
+    write_u16(p + 8, h.seq)
+    write_u16(p + 10, h.ack)
+    write_u32(p + 12, h.ack_bits)
+    write_u16(p + 16, h.send_time)
+    write_u16(p + 18, h.echo_time)
+
+
+cdef void read_data_header(const uint8_t* p, DataHeader* h) noexcept nogil:
+    h.session_id = read_u32(p + 4)
+    h.seq = read_u16(p + 8)
+    h.ack = read_u16(p + 10)
+    h.ack_bits = read_u32(p + 12)
+    h.send_time = read_u16(p + 16)
+    h.echo_time = read_u16(p + 18)
+
+
+cdef Py_ssize_t parse_record(const uint8_t* p, Py_ssize_t start, Py_ssize_t end, Record* r) noexcept nogil:
+    """Parse one record at p[start:end]; returns the offset after it, or -(DropReason + 1).
+
+    Only structure is checked here (lengths inside the datagram, field ranges); channel and
+    window checks belong to the peer that owns the state.
+    """
+    cdef Py_ssize_t pos = start
+    cdef Py_ssize_t length = 0
+    cdef int used
+    cdef uint8_t first = p[pos]
+    r.kind = first >> 5
+    r.channel = first & 0x1F
+    pos += 1
+    if r.kind == RK_MESSAGE or r.kind == RK_FRAGMENT:
+        if end - pos < 2:
+            return -(DROP_MALFORMED_RECORD + 1)
+        r.msg_id = read_u16(p + pos)
+        pos += 2
+        r.fragment_index = 0
+        r.fragment_count = 1
+        if r.kind == RK_FRAGMENT:
+            if end - pos < 2:
+                return -(DROP_MALFORMED_RECORD + 1)
+            r.fragment_index = p[pos]
+            r.fragment_count = p[pos + 1]
+            pos += 2
+            if r.fragment_count < 2 or r.fragment_index >= r.fragment_count:
+                return -(DROP_BAD_FRAGMENT + 1)
+    elif r.kind == RK_BLOCK_SLICE:
+        if end - pos < 10:
+            return -(DROP_MALFORMED_RECORD + 1)
+        r.block_id = read_u16(p + pos)
+        r.slice_index = read_u16(p + pos + 2)
+        r.slice_count = read_u16(p + pos + 4)
+        r.block_size = read_u32(p + pos + 6)
+        pos += 10
+        if r.slice_count == 0 or r.slice_index >= r.slice_count:
+            return -(DROP_BAD_BLOCK_SLICE + 1)
+    elif r.kind == RK_BLOCK_ACK:
+        if end - pos < 5:
+            return -(DROP_MALFORMED_RECORD + 1)
+        r.block_id = read_u16(p + pos)
+        r.ack_base = read_u16(p + pos + 2)
+        r.payload_length = p[pos + 4]
+        r.payload_offset = pos + 5
+        if r.payload_offset + r.payload_length > end:
+            return -(DROP_MALFORMED_RECORD + 1)
+        return r.payload_offset + r.payload_length
+    else:
+        return -(DROP_UNKNOWN_RECORD_KIND + 1)
+    used = read_varint(p + pos, end - pos, &length)
+    if used < 0:
+        return -(DROP_MALFORMED_RECORD + 1)
+    pos += used
+    if length > end - pos:
+        return -(DROP_MALFORMED_RECORD + 1)
+    r.payload_offset = pos
+    r.payload_length = length
+    return pos + length
+
+
+cdef Py_ssize_t write_message_record(uint8_t* p, int channel, uint16_t msg_id,
+                                     const uint8_t* payload, Py_ssize_t length) noexcept nogil:
+    cdef Py_ssize_t pos = 3
+    p[0] = <uint8_t>((RK_MESSAGE << 5) | channel)
+    write_u16(p + 1, msg_id)
+    pos += write_varint(p + pos, length)
+    memcpy(p + pos, payload, length)
+    return pos + length
+
+
+cdef Py_ssize_t write_fragment_record(uint8_t* p, int channel, uint16_t msg_id, int index, int count,
+                                      const uint8_t* payload, Py_ssize_t length) noexcept nogil:
+    cdef Py_ssize_t pos = 5
+    p[0] = <uint8_t>((RK_FRAGMENT << 5) | channel)
+    write_u16(p + 1, msg_id)
+    p[3] = <uint8_t>index
+    p[4] = <uint8_t>count
+    pos += write_varint(p + pos, length)
+    memcpy(p + pos, payload, length)
+    return pos + length
+
+
+cdef Py_ssize_t write_slice_record(uint8_t* p, uint16_t block_id, int index, int count,
+                                   uint32_t block_size, const uint8_t* data, Py_ssize_t length) noexcept nogil:
+    cdef Py_ssize_t pos = 11
+    p[0] = <uint8_t>(RK_BLOCK_SLICE << 5)
+    write_u16(p + 1, block_id)
+    write_u16(p + 3, <uint16_t>index)
+    write_u16(p + 5, <uint16_t>count)
+    write_u32(p + 7, block_size)
+    pos += write_varint(p + pos, length)
+    memcpy(p + pos, data, length)
+    return pos + length
+
+
+cdef Py_ssize_t write_block_ack_record(uint8_t* p, uint16_t block_id, uint16_t base,
+                                       const uint8_t* bitfield, Py_ssize_t bitfield_length) noexcept nogil:
+    p[0] = <uint8_t>(RK_BLOCK_ACK << 5)
+    write_u16(p + 1, block_id)
+    write_u16(p + 3, base)
+    p[5] = <uint8_t>bitfield_length
+    memcpy(p + 6, bitfield, bitfield_length)
+    return 6 + bitfield_length
+
+
+cdef bytes make_connect_request(uint32_t connect_id):
+    # Padded so that the CHALLENGE answering it is never larger (no amplification).
+    cdef bytearray out = bytearray(CONNECT_REQUEST_SIZE)
+    cdef uint8_t* p = out
+    write_prefix(p, PT_CONNECT_REQUEST)
+    write_u32(p + 4, connect_id)
+    return bytes(out)
+
+
+cdef bytes _cookie_packet(int packet_type, uint32_t connect_id, uint32_t cookie_time, bytes mac):
+    cdef bytearray out = bytearray(CHALLENGE_SIZE)
+    cdef uint8_t* p = out
+    write_prefix(p, packet_type)
+    write_u32(p + 4, connect_id)
+    write_u32(p + 8, cookie_time)
+    out[12:28] = mac[:COOKIE_MAC_SIZE]
+    return bytes(out)
+
+
+cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac):
+    return _cookie_packet(PT_CHALLENGE, connect_id, cookie_time, mac)
+
+
+cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac):
+    return _cookie_packet(PT_CONNECT_RESPONSE, connect_id, cookie_time, mac)
+
+
+cdef bytes make_accept(uint32_t connect_id, uint32_t session_id):
+    cdef bytearray out = bytearray(ACCEPT_SIZE)
+    cdef uint8_t* p = out
+    write_prefix(p, PT_ACCEPT)
+    write_u32(p + 4, connect_id)
+    write_u32(p + 8, session_id)
+    return bytes(out)
+
+
+cdef bytes _reason_packet(int packet_type, uint32_t ident, int reason):
+    cdef bytearray out = bytearray(REFUSE_SIZE)
+    cdef uint8_t* p = out
+    write_prefix(p, packet_type)
+    write_u32(p + 4, ident)
+    p[8] = <uint8_t>reason
+    return bytes(out)
+
+
+cdef bytes make_refuse(uint32_t connect_id, int reason):
+    return _reason_packet(PT_REFUSE, connect_id, reason)
+
+
+cdef bytes make_disconnect(uint32_t session_id, int reason):
+    return _reason_packet(PT_DISCONNECT, session_id, reason)
+
+
+_FIXED_SIZES = {
+    PT_CONNECT_REQUEST: CONNECT_REQUEST_SIZE, PT_CHALLENGE: CHALLENGE_SIZE,
+    PT_CONNECT_RESPONSE: CONNECT_RESPONSE_SIZE, PT_ACCEPT: ACCEPT_SIZE,
+    PT_REFUSE: REFUSE_SIZE, PT_DISCONNECT: DISCONNECT_SIZE,
+}
+
+
+class DecodeError(ValueError):
+    """Raised by decode_packet (the tooling decoder) with the drop reason as ``reason``."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def decode_packet(data):
+    """Decode one datagram into a dict (tooling and test vectors; not the hot path).
+
+    Raises DecodeError(reason) with the same reason names the endpoint counts as drops.
+    """
+    cdef const uint8_t[:] view = bytes(data)
+    cdef Py_ssize_t n = view.shape[0]
+    cdef const uint8_t* p = &view[0] if n else NULL
+    cdef int ptype
+    cdef DataHeader h
+    cdef Record r
+    cdef Py_ssize_t pos, nxt
+    if n == 0:
+        raise DecodeError("truncated")
+    ptype = check_prefix(p, n)
+    if ptype < 0:
+        raise DecodeError(DROP_REASONS[-ptype - 1])
+    out = {"type": PACKET_TYPES[ptype]}
+    if ptype == PT_DATA:
+        if n < DATA_HEADER_SIZE:
+            raise DecodeError("truncated")
+        read_data_header(p, &h)
+        out.update(session_id=h.session_id, seq=h.seq, ack=h.ack, ack_bits=h.ack_bits,
+                   send_time=h.send_time, echo_time=h.echo_time)
+        records = []
+        pos = DATA_HEADER_SIZE
+        while pos < n:
+            nxt = parse_record(p, pos, n, &r)
+            if nxt < 0:
+                raise DecodeError(DROP_REASONS[-nxt - 1])
+            rec = {"kind": RECORD_KINDS[r.kind]}
+            body = bytes(view[r.payload_offset:r.payload_offset + r.payload_length])
+            if r.kind == RK_MESSAGE:
+                rec.update(channel=r.channel, msg_id=r.msg_id, payload=body.hex())
+            elif r.kind == RK_FRAGMENT:
+                rec.update(channel=r.channel, msg_id=r.msg_id, fragment_index=r.fragment_index,
+                           fragment_count=r.fragment_count, payload=body.hex())
+            elif r.kind == RK_BLOCK_SLICE:
+                rec.update(block_id=r.block_id, slice_index=r.slice_index,
+                           slice_count=r.slice_count, block_size=r.block_size, payload=body.hex())
+            else:
+                rec.update(block_id=r.block_id, base=r.ack_base, bitfield=body.hex())
+            records.append(rec)
+            pos = nxt
+        out["records"] = records
+        return out
+    if n < _FIXED_SIZES[ptype] or (ptype != PT_CONNECT_REQUEST and n != _FIXED_SIZES[ptype]):
+        raise DecodeError("bad_length")
+    if ptype in (PT_CONNECT_REQUEST, PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE):
+        out["connect_id"] = read_u32(p + 4)
+    if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE):
+        out["cookie_time"] = read_u32(p + 8)
+        out["cookie_mac"] = bytes(view[12:28]).hex()
+    elif ptype == PT_ACCEPT:
+        out["session_id"] = read_u32(p + 8)
+    elif ptype == PT_REFUSE:
+        out["reason"] = REASONS.get(p[8], p[8])
+    elif ptype == PT_DISCONNECT:
+        out["session_id"] = read_u32(p + 4)
+        out["reason"] = REASONS.get(p[8], p[8])
+    return out
+
+
+def _reason_code(value):
+    return REASON_CODES[value] if isinstance(value, str) else int(value)
+
+
+def encode_packet(packet):
+    """Inverse of decode_packet: build a datagram from its decoded dict."""
+    cdef int ptype = _PACKET_TYPE_IDS[packet["type"]]
+    cdef DataHeader h
+    cdef bytearray buf
+    cdef uint8_t* p
+    cdef Py_ssize_t pos
+    cdef bytes body
+    if ptype == PT_CONNECT_REQUEST:
+        return make_connect_request(packet["connect_id"])
+    if ptype == PT_CHALLENGE:
+        return make_challenge(packet["connect_id"], packet["cookie_time"], bytes.fromhex(packet["cookie_mac"]))
+    if ptype == PT_CONNECT_RESPONSE:
+        return make_connect_response(packet["connect_id"], packet["cookie_time"],
+                                     bytes.fromhex(packet["cookie_mac"]))
+    if ptype == PT_ACCEPT:
+        return make_accept(packet["connect_id"], packet["session_id"])
+    if ptype == PT_REFUSE:
+        return make_refuse(packet["connect_id"], _reason_code(packet["reason"]))
+    if ptype == PT_DISCONNECT:
+        return make_disconnect(packet["session_id"], _reason_code(packet["reason"]))
+    h.session_id = packet["session_id"]
+    h.seq = packet["seq"]
+    h.ack = packet["ack"]
+    h.ack_bits = packet["ack_bits"]
+    h.send_time = packet["send_time"]
+    h.echo_time = packet["echo_time"]
+    records = packet.get("records", [])
+    buf = bytearray(DATA_HEADER_SIZE + sum(16 + len(r.get("payload", r.get("bitfield", ""))) // 2
+                                           for r in records))
+    p = buf
+    write_data_header(p, &h)
+    pos = DATA_HEADER_SIZE
+    for rec in records:
+        kind = rec["kind"]
+        body = bytes.fromhex(rec.get("payload", rec.get("bitfield", "")))
+        if len(body) > MAX_VARINT_LENGTH:
+            raise ValueError("record payload longer than 16383 bytes")
+        if kind == "message":
+            pos += write_message_record(p + pos, rec["channel"], rec["msg_id"], body, len(body))
+        elif kind == "fragment":
+            pos += write_fragment_record(p + pos, rec["channel"], rec["msg_id"], rec["fragment_index"],
+                                         rec["fragment_count"], body, len(body))
+        elif kind == "block_slice":
+            pos += write_slice_record(p + pos, rec["block_id"], rec["slice_index"], rec["slice_count"],
+                                      rec["block_size"], body, len(body))
+        elif kind == "block_ack":
+            pos += write_block_ack_record(p + pos, rec["block_id"], rec["base"], body, len(body))
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")
+    return bytes(buf[:pos])

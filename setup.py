@@ -1,0 +1,23 @@
+"""Build script for the compiled protocol core; metadata lives in pyproject.toml."""
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+CORE_MODULES = ["wire", "seqbuf", "rtt", "fragment", "channel", "block", "peer", "endpoint"]
+
+extensions = [
+    Extension(f"relay_core.{name}", [f"relay_core/{name}.pyx"], extra_compile_args=["-O2"])
+    for name in CORE_MODULES
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={
+            "language_level": "3",
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+        },
+    ),
+)

@@ -1,0 +1,22 @@
+import importlib
+import importlib.machinery
+
+import pytest
+
+CORE_MODULES = ["wire", "seqbuf", "rtt", "fragment", "channel", "block", "peer", "endpoint"]
+
+
+@pytest.mark.parametrize("name", CORE_MODULES)
+def test_core_module_is_a_compiled_extension(name):
+    module = importlib.import_module(f"relay_core.{name}")
+    assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module.__file__
+    assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
+
+
+def test_no_python_source_fallback_ships_for_compiled_modules():
+    import relay_core
+    import pathlib
+
+    package = pathlib.Path(relay_core.__file__).parent
+    for name in CORE_MODULES:
+        assert not (package / f"{name}.py").exists(), f"{name}.py would shadow the extension"
