@@ -83,7 +83,8 @@ class EndpointConfig:
     reassembly_limit: int = 1024 * 1024
     """Bytes a peer may hold in partly received fragmented messages."""
 
-    block_slice_size: int = 1024
+    block_slice_size: Optional[int] = None
+    """Bytes per block slice; None: 1024, or less if the mtu leaves less room."""
     block_window: int = 256
     """Block slices in flight past the first unacked one (<= 512)."""
     max_block_size: int = 16 * 1024 * 1024
@@ -142,17 +143,17 @@ class EndpointConfig:
             raise bad("max_fragments_in_flight", "at least 255 (one largest message)")
         if self.reassembly_limit < self.max_message_size:
             raise bad("reassembly_limit", f"at least max_message_size={self.max_message_size}")
-        if not 64 <= self.block_slice_size <= self.mtu - _DATA_HEADER - _SLICE_OVERHEAD:
+        if self.block_slice_size is not None and not 64 <= self.block_slice_size <= self.mtu - _DATA_HEADER - _SLICE_OVERHEAD:
             raise bad("block_slice_size", f"64..{self.mtu - _DATA_HEADER - _SLICE_OVERHEAD} at this mtu")
         if not 1 <= self.block_window <= 512:
             raise bad("block_window", "1..512 slices")
-        if not 1 <= self.max_block_size <= 65535 * self.block_slice_size or self.max_block_size >= 2**32:
-            raise bad("max_block_size", f"1..{min(65535 * self.block_slice_size, 2**32 - 1)} bytes")
+        if not 1 <= self.max_block_size <= min(65535 * self.slice_size, 2**32 - 1):
+            raise bad("max_block_size", f"1..{min(65535 * self.slice_size, 2**32 - 1)} bytes")
         if self.max_queued_blocks < 1:
             raise bad("max_queued_blocks", "at least 1")
         for name in ("redundancy_budget", "bad_mode_redundancy_budget"):
-            if not 0 <= getattr(self, name) <= self.mtu:
-                raise bad(name, f"0..mtu ({self.mtu})")
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0 (copies never exceed the room left in a datagram)")
         for name in ("sent_packet_buffer", "received_packet_window"):
             value = getattr(self, name)
             if not 64 <= value <= 32768 or value & (value - 1):
@@ -167,6 +168,13 @@ class EndpointConfig:
     def fragment_size(self) -> int:
         """Payload bytes per fragment: what is left of one datagram after the headers."""
         return self.mtu - _DATA_HEADER - _FRAGMENT_OVERHEAD
+
+    @property
+    def slice_size(self) -> int:
+        """Block slice size in use (block_slice_size, or its default for this mtu)."""
+        if self.block_slice_size is not None:
+            return self.block_slice_size
+        return min(1024, self.mtu - _DATA_HEADER - _SLICE_OVERHEAD)
 
     @property
     def max_whole_message(self) -> int:

@@ -86,7 +86,7 @@ cdef class Peer:
                 index, channel.mode, window=channel.window, budget=self.reassembly,
                 max_message_size=config.max_message_size))
         self.channel_count = len(self.send_channels)
-        self.block_out = BlockSender(config.block_slice_size, config.block_window, config.max_queued_blocks)
+        self.block_out = BlockSender(config.slice_size, config.block_window, config.max_queued_blocks)
         self.block_in = BlockReceiver(config.max_block_size)
         self.delivered = []
 

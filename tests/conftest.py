@@ -15,3 +15,29 @@ if not endpoint.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
         f"relay_core.endpoint was imported from {endpoint.__file__}, not a compiled extension; "
         "build it with `pip install -e .`"
     )
+
+
+from relay_core import EndpointConfig, MessageReceived  # noqa: E402
+from relay_core.simlink import LinkedPair, LinkProfile  # noqa: E402
+
+
+def received(events, channel=None):
+    """Payloads of MessageReceived events, optionally for one channel, in delivery order."""
+    return [e.payload for e in events
+            if isinstance(e, MessageReceived) and (channel is None or e.channel == channel)]
+
+
+@pytest.fixture
+def pair():
+    """A connected server/client pair over a perfect 1 ms-tick in-memory link."""
+    linked = LinkedPair(seed=7)
+    linked.connect()
+    return linked
+
+
+def make_pair(loss=0.0, delay=0.0, jitter=0.0, duplicate=0.0, reorder=0.0, seed=0, **config):
+    server = EndpointConfig(accept_connections=True, seed=seed, **config)
+    client = EndpointConfig(seed=seed + 1, **config)
+    profile = dict(loss=loss, delay=delay, jitter=jitter, duplicate=duplicate, reorder=reorder)
+    linked = LinkedPair(server, client, LinkProfile(**profile), LinkProfile(**profile), seed=seed)
+    return linked

@@ -1,0 +1,144 @@
+"""Delivery modes: reliable_ordered, redundant, unreliable_sequenced, unreliable."""
+import pytest
+
+from relay_core import ChannelConfig, Endpoint, EndpointConfig, decode_packet
+from conftest import make_pair, received
+
+RELIABLE, REDUNDANT, SEQUENCED, UNRELIABLE = 0, 1, 2, 3
+
+
+def exchange(pair, channel, count, interval=0.03, settle=3.0):
+    sent = [b"m%05d" % i for i in range(count)]
+    for payload in sent:
+        assert pair.client.send(pair.client_peer, channel, payload)
+        pair.run(interval)
+    pair.run(settle)
+    return sent, received(pair.server_events, channel)
+
+
+@pytest.mark.parametrize("channel", [RELIABLE, REDUNDANT])
+def test_reliable_modes_deliver_everything_once_in_order_under_loss(channel):
+    pair = make_pair(loss=0.2, delay=0.02, jitter=0.02, seed=11)
+    pair.connect()
+    sent, got = exchange(pair, channel, 300)
+    assert got == sent
+
+
+def test_lost_frame_is_repaired_by_next_datagram():
+    pair = make_pair(delay=0.02, seed=5)
+    pair.connect()
+    pair.up.profile.loss = 1.0                  # the datagram carrying frame 0 is lost
+    pair.client.send(pair.client_peer, REDUNDANT, b"frame-0")
+    pair.run(0.001)
+    pair.up.profile.loss = 0.0
+    pair.run(0.005)
+    pair.client.send(pair.client_peer, REDUNDANT, b"frame-1")
+    pair.run(0.0215)
+    # Both frames arrive with the second datagram, one send interval later: no RTO wait.
+    assert received(pair.server_events, REDUNDANT) == [b"frame-0", b"frame-1"]
+    assert pair.client.peer_stats(pair.client_peer).resends == 0
+
+
+def test_reliable_ordered_repairs_a_loss_only_by_rto():
+    pair = make_pair(delay=0.02, seed=5)
+    pair.connect()
+    pair.up.profile.loss = 1.0
+    pair.client.send(pair.client_peer, RELIABLE, b"m0")
+    pair.run(0.001)
+    pair.up.profile.loss = 0.0
+    pair.run(0.005)
+    pair.client.send(pair.client_peer, RELIABLE, b"m1")
+    pair.run(0.0215)
+    assert received(pair.server_events, RELIABLE) == []      # m1 waits behind lost m0
+    pair.run(0.5)
+    assert received(pair.server_events, RELIABLE) == [b"m0", b"m1"]
+    assert pair.client.peer_stats(pair.client_peer).resends >= 1
+
+
+def test_redundant_copies_stay_within_the_redundancy_budget():
+    pair = make_pair(delay=0.05, seed=5, redundancy_budget=100)
+    pair.connect()
+    for i in range(40):                     # 40 unacked 20-byte messages during one RTT
+        pair.client.send(pair.client_peer, REDUNDANT, bytes(20))
+        pair.client.handle_timeout(pair.now)
+        for datagram, _ in pair.client.datagrams_to_send(pair.now):
+            records = decode_packet(datagram)["records"]
+            new_and_copies = sum(len(bytes.fromhex(r["payload"])) + 4 for r in records)
+            assert new_and_copies <= 100 + 24
+        pair.now += 0.001
+
+
+def test_sequenced_channel_drops_anything_older_than_the_newest_delivered():
+    pair = make_pair(delay=0.01, jitter=0.03, seed=9)       # jitter > spacing: reordering
+    pair.connect()
+    sent, got = exchange(pair, SEQUENCED, 300, interval=0.005, settle=0.5)
+    indices = [sent.index(payload) for payload in got]
+    assert indices == sorted(indices) and len(set(indices)) == len(indices)
+    assert len(got) < len(sent), "the reordering link should have made some arrive late"
+
+
+def test_unreliable_channel_delivers_as_received_with_losses():
+    pair = make_pair(loss=0.3, delay=0.01, jitter=0.03, seed=4)
+    pair.connect()
+    sent, got = exchange(pair, UNRELIABLE, 300, interval=0.005, settle=0.5)
+    assert set(got) <= set(sent)
+    assert 0.5 * len(sent) < len(got) < len(sent)
+    indices = [sent.index(payload) for payload in got]
+    assert indices != sorted(indices), "as received: reordering shows through"
+
+
+def test_duplicated_datagrams_never_deliver_a_message_twice():
+    pair = make_pair(duplicate=0.5, delay=0.01, jitter=0.02, seed=2)
+    pair.connect()
+    for channel in (RELIABLE, REDUNDANT, SEQUENCED):
+        pair.server_events.clear()
+        sent, got = exchange(pair, channel, 200, interval=0.003, settle=1.0)
+        assert len(got) == len(set(got))
+
+
+def test_channels_keep_independent_ordering():
+    pair = make_pair(loss=0.1, delay=0.02, seed=8)
+    pair.connect()
+    for i in range(100):
+        pair.client.send(pair.client_peer, RELIABLE, b"r%d" % i)
+        pair.client.send(pair.client_peer, REDUNDANT, b"f%d" % i)
+        pair.run(0.01)
+    pair.run(3)
+    assert received(pair.server_events, RELIABLE) == [b"r%d" % i for i in range(100)]
+    assert received(pair.server_events, REDUNDANT) == [b"f%d" % i for i in range(100)]
+
+
+def test_sender_never_uses_a_message_id_the_receiver_cannot_buffer():
+    channels = (ChannelConfig("reliable_ordered", window=16),)
+    pair = make_pair(delay=0.05, seed=1, channels=channels)
+    pair.connect()
+    for i in range(100):
+        pair.client.send(pair.client_peer, 0, b"%d" % i)
+    ids = []
+    for _ in range(20):
+        pair.now += 0.001
+        for datagram, _ in pair.client.datagrams_to_send(pair.now):
+            ids += [r["msg_id"] for r in decode_packet(datagram)["records"]]
+    assert ids and max(ids) < 16
+    pair.run(3)
+    assert received(pair.server_events, 0) == [b"%d" % i for i in range(100)]
+
+
+def test_send_queue_is_bounded():
+    channels = (ChannelConfig("reliable_ordered", window=8, max_pending=10),)
+    endpoint = Endpoint(EndpointConfig(channels=channels))
+    peer = endpoint.connect(("127.0.0.1", 1), 0.0)
+    accepted = [endpoint.send(peer, 0, b"x") for _ in range(30)]
+    assert accepted.count(True) == 10
+
+
+def test_send_rejects_programming_errors_with_clear_messages():
+    endpoint = Endpoint(EndpointConfig())
+    peer = endpoint.connect(("127.0.0.1", 1), 0.0)
+    with pytest.raises(ValueError, match="channel 9 does not exist"):
+        endpoint.send(peer, 9, b"x")
+    with pytest.raises(ValueError, match="exceeds one datagram"):
+        endpoint.send(peer, UNRELIABLE, bytes(5000))
+    with pytest.raises(ValueError, match="max_message_size"):
+        endpoint.send(peer, RELIABLE, bytes(300 * 1024))
+    assert endpoint.send(12345, RELIABLE, b"x") is False     # unknown peer: not an exception

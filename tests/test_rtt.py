@@ -1,0 +1,104 @@
+"""RTT, RTT variance, RTO floor/ceiling, per-message x1.5 backoff and the resend limits."""
+import pytest
+
+from relay_core import EndpointConfig, PeerDisconnected, decode_packet
+from relay_core.rtt import RttEstimator
+from conftest import make_pair
+
+
+def test_rtt_estimate_converges_to_the_measured_round_trip():
+    rtt = RttEstimator(0.2, 0.03, 1.0)
+    for _ in range(50):
+        rtt.add_sample(0.080)
+    assert rtt.srtt == pytest.approx(0.080, abs=1e-4)
+    assert rtt.rttvar < 0.002
+    assert rtt.rto == pytest.approx(max(0.03, rtt.srtt + 4 * rtt.rttvar))
+
+
+def test_rto_is_clamped_to_floor_and_ceiling():
+    low = RttEstimator(0.2, 0.05, 1.0)
+    low.add_sample(0.001)
+    assert low.rto == 0.05
+    high = RttEstimator(0.2, 0.05, 1.0)
+    high.add_sample(3.0)
+    assert high.rto == 1.0
+
+
+def test_variance_grows_with_jitter():
+    steady, jittery = RttEstimator(0.2, 0.001, 5), RttEstimator(0.2, 0.001, 5)
+    for i in range(100):
+        steady.add_sample(0.05)
+        jittery.add_sample(0.02 if i % 2 else 0.08)
+    assert jittery.rttvar > 10 * steady.rttvar
+    assert jittery.rto > steady.rto
+
+
+def test_endpoints_measure_the_link_round_trip_from_echoed_timestamps():
+    pair = make_pair(delay=0.025, seed=3)
+    pair.connect()
+    for i in range(100):
+        pair.client.send(pair.client_peer, 1, b"x%d" % i)
+        pair.server.send(pair.server_peer, 1, b"y%d" % i)
+        pair.run(0.03)
+    for endpoint, peer in ((pair.client, pair.client_peer), (pair.server, pair.server_peer)):
+        stats = endpoint.peer_stats(peer)
+        # 50 ms path; the ack may wait up to ack_delay (5 ms) but the hold time is echoed back.
+        assert 0.048 <= stats.rtt <= 0.053, stats
+
+
+def resend_times(pair, payload=b"lost forever"):
+    """Send one reliable message over a dead downlink; return the times it goes out again."""
+    pair.up.profile.loss = 1.0
+    pair.client.send(pair.client_peer, 0, payload)
+    times = []
+    while pair.now < 3.0:
+        pair.now += 0.001
+        pair.client.handle_timeout(pair.now)
+        for datagram, _ in pair.client.datagrams_to_send(pair.now):
+            packet = decode_packet(datagram)
+            if packet["type"] == "data" and any(r.get("payload") == payload.hex()
+                                                for r in packet["records"]):
+                times.append(pair.now)
+    return times
+
+
+def test_each_resend_multiplies_that_messages_rto_by_one_and_a_half():
+    pair = make_pair(seed=1, rto_initial=0.1, rto_min=0.1, rto_max=0.1, rto_limit=100.0,
+                     max_resends=100, peer_timeout=50.0)
+    pair.connect()
+    times = resend_times(pair)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(gaps) >= 5
+    for earlier, later in zip(gaps, gaps[1:5]):
+        assert later == pytest.approx(earlier * 1.5, abs=0.0021)
+
+
+def test_peer_is_timed_out_past_the_resend_limit():
+    pair = make_pair(seed=2, max_resends=3, rto_limit=100.0, peer_timeout=50.0,
+                     heartbeat_interval=10.0)
+    pair.connect()
+    pair.up.profile.loss = 1.0
+    pair.down.profile.loss = 1.0
+    pair.client.send(pair.client_peer, 0, b"never acked")
+    pair.run(5.0)
+    reasons = [e.reason for e in pair.client_events if isinstance(e, PeerDisconnected)]
+    assert reasons == ["resend_limit"]
+    assert pair.client.peer_count == 0
+
+
+def test_peer_is_timed_out_past_the_rto_limit():
+    pair = make_pair(seed=2, max_resends=1000, rto_limit=0.5, peer_timeout=50.0,
+                     heartbeat_interval=10.0)
+    pair.connect()
+    pair.up.profile.loss = 1.0
+    pair.client.send(pair.client_peer, 0, b"never acked")
+    pair.run(5.0)
+    reasons = [e.reason for e in pair.client_events if isinstance(e, PeerDisconnected)]
+    assert reasons == ["resend_limit"]
+
+
+def test_config_rejects_a_floor_above_the_ceiling():
+    from relay_core import ConfigError
+
+    with pytest.raises(ConfigError, match="rto_min"):
+        EndpointConfig(rto_min=2.0, rto_max=1.0).validate()
