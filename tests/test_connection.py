@@ -1,0 +1,217 @@
+"""Handshake with a stateless cookie, connect ids, max peers, heartbeat, timeout, disconnect."""
+import tracemalloc
+
+from relay_core import (
+    Endpoint, EndpointConfig, PeerConnected, PeerDisconnected, decode_packet, encode_packet,
+)
+from relay_core.simlink import LinkedPair
+from conftest import make_pair, received
+
+SERVER = ("10.0.0.1", 7777)
+
+
+def server_endpoint(**config):
+    return Endpoint(EndpointConfig(accept_connections=True, seed=1, **config))
+
+
+def connect_request(connect_id=1234):
+    return encode_packet(dict(type="connect_request", connect_id=connect_id))
+
+
+def disconnect_reasons(events):
+    return [e.reason for e in events if isinstance(e, PeerDisconnected)]
+
+
+def test_handshake_connects_both_sides(pair):
+    assert pair.client.is_connected(pair.client_peer)
+    assert pair.server.peer_count == 1
+    assert [type(e) for e in pair.server_events] == [PeerConnected]
+    assert pair.server.peer_address(pair.server_peer) == pair.CLIENT_ADDRESS
+
+
+def test_server_keeps_no_state_for_spoofed_connect_floods():
+    server = server_endpoint()
+    server.datagrams_to_send(0.0)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    replies = 0
+    for i in range(20000):
+        address = (f"127.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", 1000 + i % 50000)
+        server.receive(connect_request(i), address, i * 1e-4)
+        for reply, to in server.datagrams_to_send(i * 1e-4):
+            assert to == address and len(reply) <= 64
+            assert decode_packet(reply)["type"] == "challenge"
+            replies += 1
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert replies == 20000
+    assert server.peer_count == 0
+    assert growth < 64 * 1024, f"{growth} bytes retained after 20000 spoofed connects"
+
+
+def test_replies_to_unauthenticated_datagrams_are_never_larger():
+    server = server_endpoint(max_peers=1)
+    address = ("10.1.1.1", 5)
+    request = connect_request(77)
+    server.receive(request, address, 0.0)
+    [(challenge, _)] = server.datagrams_to_send(0.0)
+    assert len(challenge) <= len(request)
+    response = encode_packet(dict(decode_packet(challenge), type="connect_response"))
+    server.receive(response, address, 0.0)
+    [(accept, _)] = server.datagrams_to_send(0.0)
+    assert decode_packet(accept)["type"] == "accept" and len(accept) <= len(response)
+    # A second client is refused, also with a reply no larger than what it sent.
+    other = ("10.1.1.2", 5)
+    server.receive(connect_request(78), other, 0.0)
+    [(challenge, _)] = server.datagrams_to_send(0.0)
+    response = encode_packet(dict(decode_packet(challenge), type="connect_response"))
+    server.receive(response, other, 0.0)
+    [(refuse, _)] = server.datagrams_to_send(0.0)
+    assert decode_packet(refuse) == dict(type="refuse", connect_id=78, reason="server_full")
+    assert len(refuse) <= len(response)
+    assert server.refusals == {"server_full": 1}
+
+
+def test_cookie_is_bound_to_address_and_time():
+    server = server_endpoint(cookie_lifetime=2.0)
+    server.receive(connect_request(5), ("10.2.2.2", 9), 0.0)
+    [(challenge, _)] = server.datagrams_to_send(0.0)
+    response = encode_packet(dict(decode_packet(challenge), type="connect_response"))
+    server.receive(response, ("10.2.2.3", 9), 0.5)          # replayed from another address
+    assert server.drops == {"bad_cookie": 1}
+    tampered = bytearray(response)
+    tampered[-1] ^= 1
+    server.receive(bytes(tampered), ("10.2.2.2", 9), 0.5)
+    assert server.drops == {"bad_cookie": 2}
+    server.receive(response, ("10.2.2.2", 9), 3.0)          # too late
+    assert server.drops == {"bad_cookie": 2, "expired_cookie": 1}
+    assert server.peer_count == 0
+
+
+def test_handshake_recovers_from_lost_challenges():
+    pair = make_pair(seed=3)
+    pair.down.profile.loss = 1.0
+    pair.client.connect(pair.SERVER_ADDRESS, pair.now)
+    pair.run(0.25)                      # a few CONNECT_REQUESTs answered into the void
+    pair.down.profile.loss = 0.0
+    pair.run(0.5)
+    assert pair.server.peer_count == 1
+    assert pair.client.is_connected(pair.client.peer_ids[0])
+    assert [type(e) for e in pair.server_events] == [PeerConnected]
+
+
+def test_a_lost_accept_is_answered_again_for_the_same_connect_id():
+    pair = make_pair(seed=4)
+    client_peer = pair.client.connect(pair.SERVER_ADDRESS, pair.now)
+    accepts_dropped = 0
+    while pair.server.peer_count == 0:
+        pair.step()
+    # The server now has the peer; throw away its ACCEPT in flight.
+    for datagram in pair.down.arrivals(pair.now + 1.0):
+        accepts_dropped += decode_packet(datagram)["type"] == "accept"
+    assert accepts_dropped == 1
+    pair.run(0.5)
+    assert pair.client.is_connected(client_peer)
+    assert pair.server.peer_count == 1
+    assert [type(e) for e in pair.server_events] == [PeerConnected]
+
+
+def test_server_full_is_refused_with_a_reason_the_client_sees():
+    server_config = EndpointConfig(accept_connections=True, seed=1, max_peers=1)
+    first = LinkedPair(server_config, seed=1)
+    first.connect()
+    late = Endpoint(EndpointConfig(seed=9))
+    peer = late.connect(first.SERVER_ADDRESS, first.now)
+    address = ("10.0.0.3", 1)
+    for _ in range(50):
+        first.now += 0.01
+        for datagram, _ in late.datagrams_to_send(first.now):
+            first.server.receive(datagram, address, first.now)
+        for datagram, to in first.server.datagrams_to_send(first.now):
+            if to == address:
+                late.receive(datagram, first.SERVER_ADDRESS, first.now)
+    assert disconnect_reasons([late.next_event()]) == ["refused:server_full"]
+    assert first.server.peer_count == 1 and not late.is_connected(peer)
+
+
+def test_connect_times_out_without_a_server():
+    client = Endpoint(EndpointConfig(seed=1, connect_timeout=1.0))
+    client.connect(SERVER, 0.0)
+    now = 0.0
+    sent = 0
+    while now < 2.0:
+        now += 0.01
+        client.handle_timeout(now)
+        sent += len(client.datagrams_to_send(now))
+    assert disconnect_reasons([client.next_event()]) == ["connect_timeout"]
+    assert 5 <= sent <= 11                  # resent every connect_resend_interval (0.1 s)
+    assert client.peer_count == 0
+
+
+def test_idle_peers_exchange_heartbeats_and_stay_connected(pair):
+    sent_before = pair.client.peer_stats(pair.client_peer).packets_sent
+    pair.run(20.0)                          # twice peer_timeout without application traffic
+    assert pair.client.is_connected(pair.client_peer) and pair.server.peer_count == 1
+    sent = pair.client.peer_stats(pair.client_peer).packets_sent - sent_before
+    assert 35 <= sent <= 45                 # one heartbeat per 0.5 s
+
+
+def test_silent_peer_is_timed_out_on_both_sides(pair):
+    pair.up.profile.loss = pair.down.profile.loss = 1.0
+    pair.run(9.0)
+    assert pair.server.peer_count == 1
+    pair.run(2.0)
+    assert disconnect_reasons(pair.server_events) == ["timeout"]
+    assert disconnect_reasons(pair.client_events) == ["timeout"]
+    assert pair.server.peer_count == pair.client.peer_count == 0
+
+
+def test_graceful_disconnect_is_seen_by_both_sides(pair):
+    pair.client.disconnect(pair.client_peer)
+    pair.run(0.05)
+    assert disconnect_reasons(pair.client_events) == ["local:closed"]
+    assert disconnect_reasons(pair.server_events) == ["remote:closed"]
+    assert pair.server.peer_count == 0
+
+
+def test_disconnect_survives_a_lost_copy():
+    pair = make_pair(loss=0.5, seed=12)
+    pair.connect()
+    pair.server.disconnect(pair.server_peer, "kicked")
+    pair.run(0.05)
+    assert disconnect_reasons(pair.client_events) == ["remote:kicked"]
+
+
+def test_a_restarted_client_replaces_its_old_session():
+    pair = make_pair(seed=6)
+    pair.connect()
+    old_session = decode_packet(pair.client.datagrams_to_send(pair.now + 1.0)[0][0])["session_id"]
+    restarted = Endpoint(EndpointConfig(seed=99))
+    pair.client = restarted
+    pair.client_events.clear()
+    new_peer = restarted.connect(pair.SERVER_ADDRESS, pair.now)
+    pair.run(0.1)
+    assert restarted.is_connected(new_peer)
+    assert disconnect_reasons(pair.server_events) == ["replaced"]
+    assert pair.server.peer_count == 1
+    # A late datagram of the old session is dropped, not mistaken for the new one.
+    stale = encode_packet(dict(type="data", session_id=old_session, seq=500, ack=0, ack_bits=0,
+                               send_time=0, echo_time=0, records=[]))
+    pair.server.receive(stale, pair.CLIENT_ADDRESS, pair.now)
+    assert pair.server.drops.get("wrong_session") == 1
+
+
+def test_a_client_endpoint_does_not_accept_connections():
+    client = Endpoint(EndpointConfig())
+    client.receive(connect_request(), ("10.9.9.9", 1), 0.0)
+    assert client.drops == {"not_accepting": 1}
+    assert client.datagrams_to_send(0.0) == []
+
+
+def test_messages_sent_while_connecting_go_out_once_connected():
+    pair = make_pair(delay=0.01, seed=2)
+    peer = pair.client.connect(pair.SERVER_ADDRESS, pair.now)
+    assert pair.client.send(peer, 0, b"early")
+    pair.run(0.2)
+    assert received(pair.server_events, 0) == [b"early"]

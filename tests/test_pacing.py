@@ -1,0 +1,67 @@
+"""Per-peer send budget, good/bad mode, and the statistics each peer exposes."""
+from relay_core import PeerStats
+from conftest import make_pair
+
+REDUNDANT = 1
+
+
+def stream_frames(pair, count, size=40, interval=1 / 30):
+    for i in range(count):
+        pair.server.send(pair.server_peer, REDUNDANT, bytes([i % 256]) * size)
+        pair.run(interval)
+
+
+def test_stats_expose_rtt_loss_bytes_packets_resends_and_redundancy():
+    pair = make_pair(loss=0.1, delay=0.03, jitter=0.01, seed=41)
+    pair.connect()
+    stream_frames(pair, 200)
+    pair.client.send(pair.client_peer, 0, b"x")
+    pair.run(1.0)
+    stats = pair.server.peer_stats(pair.server_peer)
+    assert isinstance(stats, PeerStats)
+    assert 0.055 < stats.rtt < 0.09 and stats.rtt_variance > 0 and stats.rto >= 0.03
+    assert 0.03 < stats.loss < 0.3
+    assert stats.packets_sent >= 200 and stats.packets_received > 0
+    assert stats.bytes_sent > 200 * 40 and stats.bytes_received > 0
+    assert stats.packets_acked > 0 and stats.packets_lost > 0
+    assert stats.messages_sent == 200
+    assert stats.redundant_bytes > 0
+    assert pair.client.peer_stats(pair.client_peer).messages_received == 200
+    assert stats.queued_messages == 0
+
+
+def test_pacing_budget_caps_redundant_bytes_on_a_slow_link():
+    def redundant_bytes(send_rate):
+        pair = make_pair(delay=0.15, seed=42, send_rate=send_rate)
+        pair.connect()
+        stream_frames(pair, 150, size=200, interval=0.01)       # 20 kB/s of new frames
+        return pair.server.peer_stats(pair.server_peer).redundant_bytes
+
+    generous, tight = redundant_bytes(2_000_000), redundant_bytes(25_000)
+    assert tight < generous / 3, (tight, generous)
+
+
+def test_new_messages_are_never_held_back_by_the_pacing_budget():
+    pair = make_pair(delay=0.02, seed=43, send_rate=1000)
+    pair.connect()
+    stream_frames(pair, 60, size=200, interval=0.01)
+    pair.run(1.0)
+    assert pair.client.peer_stats(pair.client_peer).messages_received == 60
+
+
+def test_high_rtt_enters_bad_mode_and_cuts_redundancy_then_recovers():
+    pair = make_pair(delay=0.2, seed=44, bad_mode_rtt=0.3, good_mode_recovery=2.0)
+    pair.connect()
+    stream_frames(pair, 60)
+    stats = pair.server.peer_stats(pair.server_peer)
+    assert stats.bad_mode and stats.rtt > 0.3
+    stream_frames(pair, 60)
+    after = pair.server.peer_stats(pair.server_peer)
+    copies_per_datagram = ((after.redundant_bytes - stats.redundant_bytes)
+                           / (after.packets_sent - stats.packets_sent))
+    pair.up.profile.delay = pair.down.profile.delay = 0.01
+    stream_frames(pair, 150)
+    assert not pair.server.peer_stats(pair.server_peer).bad_mode
+    # In bad mode each datagram carries at most bad_mode_redundancy_budget (256) bytes of copies,
+    # although a 400 ms RTT leaves ~12 frames (over 500 bytes) unacked at any time.
+    assert 150 < copies_per_datagram <= 256
