@@ -24,34 +24,33 @@ def test_reliable_modes_deliver_everything_once_in_order_under_loss(channel):
     assert got == sent
 
 
-def test_lost_frame_is_repaired_by_next_datagram():
+def lose_first_of_two(channel):
+    """Send two messages 6 ms apart over a 20 ms link; the datagram with the first is lost.
+    Returns the pair 20 ms after the second went out (one one-way delay)."""
     pair = make_pair(delay=0.02, seed=5)
     pair.connect()
-    pair.up.profile.loss = 1.0                  # the datagram carrying frame 0 is lost
-    pair.client.send(pair.client_peer, REDUNDANT, b"frame-0")
+    pair.up.profile.loss = 1.0
+    pair.client.send(pair.client_peer, channel, b"first")
     pair.run(0.001)
     pair.up.profile.loss = 0.0
     pair.run(0.005)
-    pair.client.send(pair.client_peer, REDUNDANT, b"frame-1")
+    pair.client.send(pair.client_peer, channel, b"second")
     pair.run(0.0215)
-    # Both frames arrive with the second datagram, one send interval later: no RTO wait.
-    assert received(pair.server_events, REDUNDANT) == [b"frame-0", b"frame-1"]
+    return pair
+
+
+def test_lost_frame_is_repaired_by_next_datagram():
+    pair = lose_first_of_two(REDUNDANT)
+    # Both arrive with the second datagram, one send interval later: no RTO wait.
+    assert received(pair.server_events, REDUNDANT) == [b"first", b"second"]
     assert pair.client.peer_stats(pair.client_peer).resends == 0
 
 
 def test_reliable_ordered_repairs_a_loss_only_by_rto():
-    pair = make_pair(delay=0.02, seed=5)
-    pair.connect()
-    pair.up.profile.loss = 1.0
-    pair.client.send(pair.client_peer, RELIABLE, b"m0")
-    pair.run(0.001)
-    pair.up.profile.loss = 0.0
-    pair.run(0.005)
-    pair.client.send(pair.client_peer, RELIABLE, b"m1")
-    pair.run(0.0215)
-    assert received(pair.server_events, RELIABLE) == []      # m1 waits behind lost m0
+    pair = lose_first_of_two(RELIABLE)
+    assert received(pair.server_events, RELIABLE) == []      # the second waits behind the first
     pair.run(0.5)
-    assert received(pair.server_events, RELIABLE) == [b"m0", b"m1"]
+    assert received(pair.server_events, RELIABLE) == [b"first", b"second"]
     assert pair.client.peer_stats(pair.client_peer).resends >= 1
 
 
