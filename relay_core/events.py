@@ -6,12 +6,16 @@ from typing import Any
 
 
 class Event:
-    """Base class of every endpoint event."""
+    """Base class of every endpoint event.
+
+    Events are created per delivered message, so they are plain slotted dataclasses: a frozen
+    dataclass costs an object.__setattr__ call per field on this hot path.
+    """
 
     __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PeerConnected(Event):
     peer_id: int
     """Handle used with send(), disconnect() and peer_stats()."""
@@ -19,7 +23,7 @@ class PeerConnected(Event):
     """The peer's transport address as given to receive() or connect()."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PeerDisconnected(Event):
     peer_id: int
     address: Any
@@ -28,7 +32,7 @@ class PeerDisconnected(Event):
     ``remote:<code>`` (the other side disconnected) or ``local:<code>`` (we did)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessageReceived(Event):
     peer_id: int
     channel: int
@@ -37,7 +41,7 @@ class MessageReceived(Event):
     """The message exactly as the sender passed it to send()."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockReceived(Event):
     peer_id: int
     block_id: int
@@ -45,7 +49,7 @@ class BlockReceived(Event):
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockDelivered(Event):
     peer_id: int
     block_id: int
