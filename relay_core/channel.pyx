@@ -297,6 +297,21 @@ cdef class ReliableSendChannel(SendChannel):
     cdef double next_deadline(self):
         return self.earliest_deadline
 
+    def snapshot(self):
+        """State of the send window for tests and debugging (not a hot path)."""
+        cdef uint16_t msg_id = self.oldest
+        cdef OutMessage* m
+        messages = []
+        while msg_id != self.next_id:
+            m = &self.msgs[self.slots.slot(msg_id)]
+            if m.in_use and self.slots.contains(msg_id):
+                messages.append(dict(msg_id=msg_id, needs_write=m.needs_write, resends=m.resends,
+                                     first_sent=m.first_sent, deadline=m.deadline, rto=m.rto))
+            msg_id += 1
+        return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent,
+                    pending=len(self.pending), earliest_deadline=self.earliest_deadline,
+                    messages=messages)
+
 
 cdef class RedundantSendChannel(ReliableSendChannel):
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,

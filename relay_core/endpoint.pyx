@@ -221,6 +221,10 @@ cdef class Endpoint:
         cdef Peer peer = self.peers[peer_id]
         return PeerStats(**peer.stats_fields())
 
+    def channel_snapshot(self, int peer_id, int channel):
+        """A reliable channel's send window, for tests and debugging."""
+        return (<Peer>self.peers[peer_id]).channel_snapshot(channel)
+
     def peer_address(self, int peer_id):
         return (<Peer>self.peers[peer_id]).address
 

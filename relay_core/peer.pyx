@@ -426,6 +426,9 @@ cdef class Peer:
 
     # -- Python-level access ---------------------------------------------------------------
 
+    def channel_snapshot(self, int channel):
+        return self.send_channels[channel].snapshot()
+
     def queue_message(self, int channel, bytes payload):
         return (<SendChannel>self.send_channels[channel]).queue(payload)
 

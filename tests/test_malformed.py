@@ -123,7 +123,10 @@ def test_mutated_valid_packets_never_raise_and_the_session_lives(draw):
         feed(live, bytes(mutated[:cut]))
         live.client.receive(bytes(mutated[:cut]), live.SERVER_ADDRESS, live.now)
     live.run(0.3)
-    before = len(received(live.server_events, 2))
-    live.client.send(live.client_peer, 2, b"still alive")
+    # Without packet authentication (the security milestone) a mutated record that keeps a valid
+    # session id can stand in for real data, so liveness is checked on the stateless channel.
+    before = len(received(live.server_events, 3))
+    live.client.send(live.client_peer, 3, b"still alive")
     live.run(0.05)
-    assert received(live.server_events, 2)[before:] == [b"still alive"]
+    assert received(live.server_events, 3)[before:] == [b"still alive"]
+    assert live.client.is_connected(live.client_peer) and live.server.peer_count == 1
