@@ -68,7 +68,8 @@ cdef class Peer:
         self.loss = 0.0
         self.loss_cursor = 0
 
-        self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max)
+        # Until the handshake tells us the peer's ack delay, assume it matches ours.
+        self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
         self.reassembly = ReassemblyBudget(config.reassembly_limit)
         self.send_channels = []
         self.redundant_channels = []
@@ -161,7 +162,8 @@ cdef class Peer:
             if pos < 0:
                 status = <int>pos
                 break
-            has_records = True
+            # A BLOCK_ACK needs no ack of its own (it is repeated while slices keep coming).
+            has_records = has_records or r.kind != RK_BLOCK_ACK
             if r.kind == RK_MESSAGE or r.kind == RK_FRAGMENT:
                 if r.channel >= self.channel_count:
                     status = -(DROP_UNKNOWN_CHANNEL + 1)
@@ -294,6 +296,7 @@ cdef class Peer:
         cdef SendChannel channel
         cdef uint64_t units_start
         cdef double held
+        cdef bint carries_messages
         cdef Py_ssize_t budget = self.bad_redundancy_budget if self.bad_mode else self.redundancy_budget
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
@@ -307,11 +310,14 @@ cdef class Peer:
             pos = DATA_HEADER_SIZE
             for channel in self.send_channels:
                 pos = channel.write(self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
+            carries_messages = pos > DATA_HEADER_SIZE
             pos = self.block_in.write_ack(buf, pos, end)
-            # Discretionary bytes only while the pacing budget lasts.
+            # Discretionary bytes only while the pacing budget lasts. Copies ride only with new or
+            # resent messages: on an ack-only datagram they would make the peer ack back, and so on.
             if self.tokens > 0:
-                for channel in self.redundant_channels:
-                    pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp)
+                if carries_messages:
+                    for channel in self.redundant_channels:
+                        pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp)
                 if self.block_out.active():
                     pos = self.block_out.write(buf, pos, end, now, self.rtt.rto)
             h.session_id = self.session_id

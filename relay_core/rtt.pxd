@@ -5,5 +5,6 @@ cdef class RttEstimator:
     cdef readonly bint has_sample
     cdef readonly double rto_min
     cdef readonly double rto_max
+    cdef public double peer_ack_delay  # longest the peer may hold an ack, seconds
 
     cpdef void add_sample(self, double rtt) noexcept
