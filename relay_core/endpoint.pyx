@@ -55,6 +55,7 @@ cdef class Endpoint:
     cdef uint32_t cookie_lifetime_ms
     cdef bint accept_connections
     cdef int max_peers
+    cdef tuple size_limits              # per channel: (largest payload, what to suggest)
 
     def __init__(self, config=None):
         self.config = (config if config is not None else EndpointConfig()).validate()
@@ -70,6 +71,11 @@ cdef class Endpoint:
         self.cookie_lifetime_ms = <uint32_t>(self.config.cookie_lifetime * 1000.0)
         self.accept_connections = self.config.accept_connections
         self.max_peers = self.config.max_peers
+        self.size_limits = tuple(
+            (self.config.max_whole_message, "exceeds one datagram")
+            if channel.mode in ("unreliable", "unreliable_sequenced")
+            else (self.config.max_message_size, "exceeds max_message_size; use send_block()")
+            for channel in self.config.channels)
         self.scratch = <uint8_t*>PyMem_Malloc(self.config.mtu)
         if self.scratch == NULL:
             raise MemoryError()
@@ -103,17 +109,12 @@ cdef class Endpoint:
         channel's mode; those are programming errors, not network conditions.
         """
         cdef Peer peer = self.peers.get(peer_id)
-        channels = self.config.channels
-        if not 0 <= channel < len(channels):
-            raise ValueError(f"channel {channel} does not exist (0..{len(channels) - 1})")
-        mode = channels[channel].mode
-        if mode in ("unreliable", "unreliable_sequenced"):
-            if len(payload) > self.config.max_whole_message:
-                raise ValueError(f"{mode} message of {len(payload)} bytes exceeds one datagram "
-                                 f"({self.config.max_whole_message} bytes at mtu {self.config.mtu})")
-        elif len(payload) > self.config.max_message_size:
-            raise ValueError(f"message of {len(payload)} bytes exceeds max_message_size "
-                             f"({self.config.max_message_size}); use send_block()")
+        if not 0 <= channel < len(self.size_limits):
+            raise ValueError(f"channel {channel} does not exist (0..{len(self.size_limits) - 1})")
+        limit, advice = self.size_limits[channel]
+        if len(payload) > limit:
+            raise ValueError(f"message of {len(payload)} bytes on channel {channel} {advice} "
+                             f"({limit} bytes)")
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
         return peer.queue_message(channel, payload)
