@@ -1,4 +1,5 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from relay_core.fragment cimport MemoryBudget
 from relay_core.wire cimport Record
 
 cdef class BlockSender:
@@ -18,6 +19,8 @@ cdef class BlockSender:
 
     cdef bint active(self)
     cdef bint has_due(self, double now, double interval)
+    cdef double next_resend(self, double interval)
+    cdef bint has_unsent(self)
     cdef Py_ssize_t write(self, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, double now, double interval)
     cdef int on_ack(self, Record* r, const uint8_t* p)
     cdef void start_next(self)
@@ -27,6 +30,7 @@ cdef class BlockSender:
 cdef class BlockReceiver:
     cdef uint16_t expected              # id of the block being received
     cdef Py_ssize_t max_block_size
+    cdef MemoryBudget budget            # shared by every peer of the endpoint
     cdef bytearray buffer
     cdef uint32_t block_size
     cdef int slice_count
@@ -41,3 +45,4 @@ cdef class BlockReceiver:
 
     cdef int on_slice(self, Record* r, const uint8_t* p, list completed)
     cdef Py_ssize_t write_ack(self, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end)
+    cdef void release(self)

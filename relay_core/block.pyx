@@ -13,8 +13,9 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t
 
+from relay_core.fragment cimport MemoryBudget
 from relay_core.wire cimport (
-    Record, DROP_BAD_BLOCK_SLICE, DROP_BLOCK_TOO_LARGE, seq_diff, varint_size,
+    Record, DROP_BAD_BLOCK_SLICE, DROP_BLOCK_TOO_LARGE, DROP_REASSEMBLY_FULL, seq_diff, varint_size,
     write_slice_record, write_block_ack_record,
 )
 
@@ -96,6 +97,30 @@ cdef class BlockSender:
                 return True
         return False
 
+    cdef double next_resend(self, double interval):
+        """When the earliest sent, unacked slice in the window becomes due again; -1: none."""
+        cdef int i, stop
+        cdef double earliest = -1.0
+        if self.data is None:
+            return -1.0
+        stop = min(self.slice_count, self.base + self.window)
+        for i in range(self.base, stop):
+            if not self.acked[i] and self.last_sent[i] >= 0.0:
+                if earliest < 0.0 or self.last_sent[i] + interval < earliest:
+                    earliest = self.last_sent[i] + interval
+        return earliest
+
+    cdef bint has_unsent(self):
+        """A slice in the window has never been sent."""
+        cdef int i, stop
+        if self.data is None:
+            return False
+        stop = min(self.slice_count, self.base + self.window)
+        for i in range(self.base, stop):
+            if not self.acked[i] and self.last_sent[i] < 0.0:
+                return True
+        return False
+
     cdef Py_ssize_t write(self, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, double now, double interval):
         cdef int i, stop, length
         cdef int size = self.current_slice_size() if self.data is not None else 0
@@ -149,8 +174,9 @@ cdef class BlockSender:
 
 
 cdef class BlockReceiver:
-    def __init__(self, Py_ssize_t max_block_size):
+    def __init__(self, Py_ssize_t max_block_size, MemoryBudget budget):
         self.max_block_size = max_block_size
+        self.budget = budget
         self.expected = 0
         self.buffer = None
         self.ack_owed = False
@@ -171,6 +197,8 @@ cdef class BlockReceiver:
         if self.buffer is None:
             if r.block_size > <uint32_t>self.max_block_size:
                 return -(DROP_BLOCK_TOO_LARGE + 1)
+            if not self.budget.fits(r.block_size):
+                return -(DROP_REASSEMBLY_FULL + 1)      # not acked: the sender tries again
             slice_size = <int>((r.block_size + r.slice_count - 1) // r.slice_count) if r.block_size else 0
             if r.block_size == 0:
                 if r.slice_count != 1:
@@ -178,6 +206,7 @@ cdef class BlockReceiver:
             elif <Py_ssize_t>(r.slice_count - 1) * slice_size >= r.block_size:
                 return -(DROP_BAD_BLOCK_SLICE + 1)
             self.buffer = bytearray(r.block_size)
+            self.budget.used += r.block_size
             self.received = bytearray(r.slice_count)
             self.block_size = r.block_size
             self.slice_count = r.slice_count
@@ -203,10 +232,15 @@ cdef class BlockReceiver:
             self.has_completed = True
             self.completed_id = self.expected
             self.completed_count = self.slice_count
-            self.buffer = None
-            self.received = None
+            self.release()
             self.expected += 1
         return 0
+
+    cdef void release(self):
+        if self.buffer is not None:
+            self.budget.used -= self.block_size
+        self.buffer = None
+        self.received = None
 
     cdef Py_ssize_t write_ack(self, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end):
         cdef uint8_t bits[64]     # MAX_ACK_BITFIELD_BYTES

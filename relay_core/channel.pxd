@@ -1,6 +1,6 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from relay_core.seqbuf cimport SequenceBuffer
-from relay_core.fragment cimport ReassemblyBudget
+from relay_core.fragment cimport MemoryBudget
 from relay_core.wire cimport Record
 
 cdef enum:
@@ -111,8 +111,9 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     cdef int window
     cdef SequenceBuffer slots
     cdef list held                      # bytes (complete) or PartialMessage per slot
+    cdef Py_ssize_t* charged            # bytes of a complete held message charged to budget
     cdef uint16_t next_expected
-    cdef ReassemblyBudget budget
+    cdef MemoryBudget budget
     cdef Py_ssize_t max_message_size
 
     cdef void _deliver(self, list out)

@@ -20,11 +20,11 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
-from relay_core.fragment cimport PartialMessage, ReassemblyBudget, split_message
+from relay_core.fragment cimport PartialMessage, MemoryBudget, split_message
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.wire cimport (
     Record, RK_MESSAGE, RK_FRAGMENT, MESSAGE_RECORD_OVERHEAD, FRAGMENT_RECORD_OVERHEAD,
-    DROP_BAD_FRAGMENT, DROP_MESSAGE_OUT_OF_WINDOW, seq_diff, seq_greater, varint_size,
+    DROP_BAD_FRAGMENT, DROP_MESSAGE_OUT_OF_WINDOW, DROP_REASSEMBLY_FULL, seq_diff, seq_greater, varint_size,
     write_message_record, write_fragment_record,
 )
 
@@ -385,20 +385,28 @@ cdef inline bytes record_payload(Record* r, bytes datagram):
 
 
 cdef class OrderedReceiveChannel(ReceiveChannel):
-    def __init__(self, int channel_id, int window, ReassemblyBudget budget, Py_ssize_t max_message_size):
+    def __init__(self, int channel_id, int window, MemoryBudget budget, Py_ssize_t max_message_size):
         ReceiveChannel.__init__(self, channel_id)
         self.window = window
         self.slots = SequenceBuffer(window)
         self.held = [None] * window
+        self.charged = <Py_ssize_t*>PyMem_Malloc(window * sizeof(Py_ssize_t))
+        if self.charged == NULL:
+            raise MemoryError()
+        memset(self.charged, 0, window * sizeof(Py_ssize_t))
         self.next_expected = 0
         self.budget = budget
         self.max_message_size = max_message_size
+
+    def __dealloc__(self):
+        PyMem_Free(self.charged)
 
     cdef int on_record(self, Record* r, bytes datagram, list out):
         cdef int distance = seq_diff(r.msg_id, self.next_expected)
         cdef int slot, status
         cdef object entry
         cdef PartialMessage partial
+        cdef bint exempt = distance == 0     # the message delivery waits for: never refused
         if distance < 0:
             self.duplicates += 1
             return 0
@@ -420,19 +428,29 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             self.slots.insert(r.msg_id)
             self.held[slot] = partial
         else:
+            if exempt:
+                out.append(record_payload(r, datagram))
+                self.next_expected += 1
+                self.delivered += 1
+                self._deliver(out)
+                return 0
+            if not self.budget.fits(r.payload_length):
+                return -(DROP_REASSEMBLY_FULL + 1)
             self.slots.insert(r.msg_id)
             self.held[slot] = record_payload(r, datagram)
-            self._deliver(out)
+            self.charged[slot] = r.payload_length
+            self.budget.used += r.payload_length
             return 0
         status = partial.add(r.fragment_index, record_payload(r, datagram), self.budget,
-                             self.max_message_size)
+                             self.max_message_size, exempt)
         if status < 0:
             if partial.received == 0:
                 self.slots.remove(r.msg_id)
                 self.held[slot] = None
             return status
         if partial.received == partial.fragment_count:
-            self.held[slot] = partial.assemble(self.budget)
+            self.charged[slot] = partial.size
+            self.held[slot] = partial.assemble()
             self._deliver(out)
         return 0
 
@@ -445,16 +463,22 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             if type(entry) is not bytes:
                 return
             out.append(entry)
+            self.budget.used -= self.charged[slot]
+            self.charged[slot] = 0
             self.held[slot] = None
             self.slots.remove(self.next_expected)
             self.next_expected += 1
             self.delivered += 1
 
     def release(self):
-        """Return reassembly memory held by partial messages (the peer is going away)."""
-        for entry in self.held:
+        """Return the memory this window holds to the budget (the peer is going away)."""
+        cdef int slot
+        for slot in range(self.window):
+            entry = self.held[slot]
             if isinstance(entry, PartialMessage):
                 (<PartialMessage>entry).release(self.budget)
+            self.budget.used -= self.charged[slot]
+            self.charged[slot] = 0
         self.held = [None] * self.window
 
 
@@ -481,7 +505,7 @@ cdef class UnreliableReceiveChannel(ReceiveChannel):
         return 0
 
 
-def make_receive_channel(int channel_id, str mode, *, int window, ReassemblyBudget budget,
+def make_receive_channel(int channel_id, str mode, *, int window, MemoryBudget budget,
                          Py_ssize_t max_message_size):
     cdef int code = MODES[mode]
     if code == MODE_RELIABLE_ORDERED or code == MODE_REDUNDANT:

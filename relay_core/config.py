@@ -89,6 +89,8 @@ class EndpointConfig:
     """Block slices in flight past the first unacked one (<= 512)."""
     max_block_size: int = 16 * 1024 * 1024
     max_queued_blocks: int = 8
+    block_memory_limit: int = 64 * 1024 * 1024
+    """Bytes of block receive buffers across all peers; a block that would pass it waits."""
 
     send_rate: float = 2_000_000.0
     """Per-peer pacing budget, bytes/s. Redundant copies and block slices wait when it is spent;
@@ -149,6 +151,8 @@ class EndpointConfig:
             raise bad("block_window", "1..512 slices")
         if not 1 <= self.max_block_size <= min(65535 * self.slice_size, 2**32 - 1):
             raise bad("max_block_size", f"1..{min(65535 * self.slice_size, 2**32 - 1)} bytes")
+        if self.block_memory_limit < self.max_block_size:
+            raise bad("block_memory_limit", f"at least max_block_size={self.max_block_size}")
         if self.max_queued_blocks < 1:
             raise bad("max_queued_blocks", "at least 1")
         for name in ("redundancy_budget", "bad_mode_redundancy_budget"):

@@ -18,16 +18,18 @@ from collections import deque
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
+from relay_core.fragment cimport MemoryBudget
 from relay_core.peer cimport (
     Peer, STATE_CONNECTING, STATE_CHALLENGED, STATE_CONNECTED, STATE_DISCONNECTING, STATE_CLOSED,
 )
 from relay_core.wire cimport (
-    check_prefix, read_u32, make_challenge, make_connect_response, make_accept, make_refuse,
+    check_prefix, read_u16, read_u32, make_challenge, make_connect_response, make_accept, make_refuse,
     PT_CONNECT_REQUEST, PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE, PT_DATA,
     PT_DISCONNECT, CONNECT_REQUEST_SIZE, CHALLENGE_SIZE, CONNECT_RESPONSE_SIZE, ACCEPT_SIZE,
     REFUSE_SIZE, DISCONNECT_SIZE, DATA_HEADER_SIZE, COOKIE_MAC_SIZE,
     DROP_REASON_COUNT, DROP_TRUNCATED, DROP_BAD_LENGTH, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
     DROP_BAD_COOKIE, DROP_EXPIRED_COOKIE, DROP_NOT_ACCEPTING, DROP_UNEXPECTED_PACKET,
+    DROP_DUPLICATE_PACKET,
 )
 
 from relay_core.config import EndpointConfig
@@ -55,6 +57,8 @@ cdef class Endpoint:
     cdef uint32_t cookie_lifetime_ms
     cdef bint accept_connections
     cdef int max_peers
+    cdef uint16_t ack_delay_ms          # announced in the handshake; the peer's RTO allows for it
+    cdef MemoryBudget block_budget      # block receive buffers of all peers together
     cdef tuple size_limits              # per channel: (largest payload, what to suggest)
 
     def __init__(self, config=None):
@@ -71,6 +75,8 @@ cdef class Endpoint:
         self.cookie_lifetime_ms = <uint32_t>(self.config.cookie_lifetime * 1000.0)
         self.accept_connections = self.config.accept_connections
         self.max_peers = self.config.max_peers
+        self.block_budget = MemoryBudget(self.config.block_memory_limit)
+        self.ack_delay_ms = <uint16_t>min(65535, round(self.config.ack_delay * 1000.0))
         self.size_limits = tuple(
             (self.config.max_whole_message, "exceeds one datagram")
             if channel.mode in ("unreliable", "unreliable_sequenced")
@@ -96,7 +102,8 @@ cdef class Endpoint:
         """
         if address in self.peers_by_address:
             raise ValueError(f"a peer at {address!r} already exists")
-        peer = Peer(self._new_peer_id(), address, self.config, self.events, now, self._random_u32())
+        peer = Peer(self._new_peer_id(), address, self.config, self.events, now, self._random_u32(),
+                    self.block_budget)
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         return peer.peer_id
@@ -293,20 +300,23 @@ cdef class Endpoint:
         if existing is not None:
             if existing.connect_id == connect_id:
                 # Our ACCEPT was lost and the client asks again: same answer, no new peer.
-                self.control_out.append((make_accept(connect_id, existing.session_id), address))
+                self.control_out.append((make_accept(connect_id, existing.session_id,
+                                                     self.ack_delay_ms), address))
                 return
-            # The client at this address restarted: the old session is over.
-            self._close(existing, "replaced", REASON_CODES["replaced"])
+            # The client at this address restarted: the old session is over. No DISCONNECT:
+            # it would go to the new client, and the reply must stay smaller than the request.
+            self._close(existing, "replaced", -1)
         if len(self.peers) >= self.max_peers:
             self.refusal_counts["server_full"] = self.refusal_counts.get("server_full", 0) + 1
             self.control_out.append((make_refuse(connect_id, REASON_CODES["server_full"]), address))
             return
-        peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id)
+        peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id,
+                    self.block_budget)
         session_id = self._random_u32()
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
-        peer.connected(session_id, now)
-        self.control_out.append((make_accept(connect_id, session_id), address))
+        peer.connected(session_id, now, read_u16(p + 28) / 1000.0)
+        self.control_out.append((make_accept(connect_id, session_id, self.ack_delay_ms), address))
 
     cdef void _on_server_reply(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
                                object address, double now):
@@ -326,7 +336,7 @@ cdef class Endpoint:
                 return
             self._close(peer, "remote:" + REASONS.get(p[8], str(p[8])), -1)
             return
-        if read_u32(p + 4) != peer.connect_id or peer.state == STATE_DISCONNECTING:
+        if read_u32(p + 4) != peer.connect_id:
             self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
             return
         if ptype == PT_CHALLENGE:
@@ -334,16 +344,18 @@ cdef class Endpoint:
                 self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
                 return
             peer.cookie_packet = make_connect_response(peer.connect_id, read_u32(p + 8),
-                                                       datagram[12:12 + COOKIE_MAC_SIZE])
+                                                       datagram[12:12 + COOKIE_MAC_SIZE],
+                                                       self.ack_delay_ms)
             peer.state = STATE_CHALLENGED
             peer.next_handshake_at = now
         elif ptype == PT_ACCEPT:
             if peer.state == STATE_CONNECTED:
-                return      # a duplicate ACCEPT for the session we already have
-            if peer.state != STATE_CHALLENGED:
+                self.drop_counts[DROP_DUPLICATE_PACKET] += 1    # a repeat of our ACCEPT
+                return
+            if peer.state != STATE_CHALLENGED or read_u32(p + 8) == 0:
                 self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
                 return
-            peer.connected(read_u32(p + 8), now)
+            peer.connected(read_u32(p + 8), now, read_u16(p + 12) / 1000.0)
         else:
             if peer.state == STATE_CONNECTED:
                 self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
@@ -357,7 +369,7 @@ cdef class Endpoint:
         reason = peer.check_timers(now)
         if reason is None:
             return False
-        self._close(peer, reason, REASON_CODES["timeout"] if reason != "connect_timeout" else -1)
+        self._close(peer, reason, REASON_CODES.get(reason, -1))
         return True
 
     cdef void _close(self, Peer peer, str reason, int code):

@@ -1,9 +1,10 @@
 """Fragmentation of reliable messages larger than one datagram, and capped reassembly.
 
 A message that does not fit one datagram is cut into at most 255 fragments that share its
-message id; the receiver holds them in a PartialMessage until every fragment has arrived. The
-memory held in partial messages is charged to a per-peer ReassemblyBudget so a peer cannot make
-the endpoint buffer without bound.
+message id; the receiver holds them in a PartialMessage until every fragment has arrived. Every
+byte a receive window holds (fragments, and whole messages waiting for an earlier one) is
+charged to a per-peer MemoryBudget until it is delivered, so a peer cannot make the endpoint
+buffer without bound by withholding one message.
 """
 from relay_core.wire cimport DROP_BAD_FRAGMENT, DROP_MESSAGE_TOO_LARGE, DROP_REASSEMBLY_FULL
 
@@ -15,7 +16,7 @@ cpdef list split_message(bytes payload, Py_ssize_t fragment_size):
     return [payload[i:i + fragment_size] for i in range(0, n, fragment_size)]
 
 
-cdef class ReassemblyBudget:
+cdef class MemoryBudget:
     def __init__(self, Py_ssize_t limit):
         self.limit = limit
         self.used = 0
@@ -28,8 +29,13 @@ cdef class PartialMessage:
         self.received = 0
         self.size = 0
 
-    cdef int add(self, int index, bytes data, ReassemblyBudget budget, Py_ssize_t max_message_size):
-        """0 when stored or already held, else -(DropReason + 1)."""
+    cdef int add(self, int index, bytes data, MemoryBudget budget, Py_ssize_t max_message_size,
+                 bint exempt):
+        """0 when stored or already held, else -(DropReason + 1).
+
+        ``exempt``: the message is the next one due for delivery; it is admitted beyond the
+        budget (it is capped by max_message_size) so a full budget can never stall delivery.
+        """
         cdef Py_ssize_t n = len(data)
         if index >= self.fragment_count:
             return -(DROP_BAD_FRAGMENT + 1)
@@ -37,7 +43,7 @@ cdef class PartialMessage:
             return 0
         if self.size + n > max_message_size:
             return -(DROP_MESSAGE_TOO_LARGE + 1)
-        if budget.used + n > budget.limit:
+        if not exempt and not budget.fits(n):
             return -(DROP_REASSEMBLY_FULL + 1)
         self.fragments[index] = data
         self.received += 1
@@ -45,12 +51,14 @@ cdef class PartialMessage:
         budget.used += n
         return 0
 
-    cdef bytes assemble(self, ReassemblyBudget budget):
+    cdef bytes assemble(self):
+        """The whole message; its bytes stay charged until the channel delivers it."""
         cdef bytes whole = b"".join(self.fragments)
-        self.release(budget)
+        self.fragments = [None] * self.fragment_count
+        self.size = 0
         return whole
 
-    cdef void release(self, ReassemblyBudget budget):
+    cdef void release(self, MemoryBudget budget):
         budget.used -= self.size
         self.size = 0
         self.fragments = [None] * self.fragment_count

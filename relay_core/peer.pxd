@@ -2,7 +2,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport RttEstimator
 from relay_core.channel cimport SentUnits
-from relay_core.fragment cimport ReassemblyBudget
+from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.wire cimport DataHeader
 
@@ -56,7 +56,7 @@ cdef class Peer:
     cdef list redundant_channels
     cdef list recv_channels
     cdef int channel_count
-    cdef ReassemblyBudget reassembly
+    cdef MemoryBudget reassembly
     cdef readonly BlockSender block_out
     cdef BlockReceiver block_in
     cdef list delivered
@@ -92,7 +92,7 @@ cdef class Peer:
     cdef readonly uint64_t packets_lost
     cdef readonly uint64_t messages_received
 
-    cdef void connected(self, uint32_t session_id, double now)
+    cdef void connected(self, uint32_t session_id, double now, double peer_ack_delay)
     cdef void begin_disconnect(self, int code)
     cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
     cdef void process_acks(self, DataHeader* h, double now)
@@ -105,3 +105,6 @@ cdef class Peer:
     cdef double next_deadline(self)
     cdef void release(self)
     cdef bint _more_to_send(self, double now)
+    cdef bint window_open(self, double now)
+    cdef double window_reopens(self)
+    cdef bint must_send(self, double now)

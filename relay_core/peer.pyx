@@ -11,7 +11,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport RttEstimator
-from relay_core.fragment cimport ReassemblyBudget
+from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.channel cimport (
     SentUnits, SentUnit, SendChannel, ReceiveChannel, OrderedReceiveChannel, MODE_REDUNDANT,
@@ -33,14 +33,16 @@ DISCONNECT_COPIES = 3
 IP_UDP_OVERHEAD = 28
 # Weight of one packet in the loss EWMA.
 LOSS_ALPHA = 0.05
-# An ack names the newest packet and the 31 before it, so at most this many packets can be
-# in flight and still be acked; a burst (fragments, block slices) waits for acks past it.
+# An ack names the newest packet and the 31 before it, so at most this many packets can be in
+# flight and still be acked. Past it a peer sends at most ACK_WINDOW packets per smoothed RTT
+# (a burst waits for acks; a steady stream on a very slow path is paced, and its small messages
+# then share datagrams).
 cdef int ACK_WINDOW = 32
 
 
 cdef class Peer:
     def __init__(self, int peer_id, object address, object config, object events, double now,
-                 uint32_t connect_id):
+                 uint32_t connect_id, MemoryBudget block_budget):
         cdef int n
         self.peer_id = peer_id
         self.address = address
@@ -68,9 +70,9 @@ cdef class Peer:
         self.loss = 0.0
         self.loss_cursor = 0
 
-        # Until the handshake tells us the peer's ack delay, assume it matches ours.
+        # The handshake replaces this with the ack delay the peer announces.
         self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
-        self.reassembly = ReassemblyBudget(config.reassembly_limit)
+        self.reassembly = MemoryBudget(config.reassembly_limit)
         self.send_channels = []
         self.redundant_channels = []
         self.recv_channels = []
@@ -88,7 +90,7 @@ cdef class Peer:
                 max_message_size=config.max_message_size))
         self.channel_count = len(self.send_channels)
         self.block_out = BlockSender(config.slice_size, config.block_window, config.max_queued_blocks)
-        self.block_in = BlockReceiver(config.max_block_size)
+        self.block_in = BlockReceiver(config.max_block_size, block_budget)
         self.delivered = []
 
         self.last_send_at = now
@@ -119,8 +121,9 @@ cdef class Peer:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    cdef void connected(self, uint32_t session_id, double now):
+    cdef void connected(self, uint32_t session_id, double now, double peer_ack_delay):
         self.session_id = session_id
+        self.rtt.peer_ack_delay = peer_ack_delay
         self.state = STATE_CONNECTED
         self.last_receive_at = now
         self.last_send_at = now
@@ -135,6 +138,7 @@ cdef class Peer:
         for channel in self.recv_channels:
             if isinstance(channel, OrderedReceiveChannel):
                 channel.release()
+        self.block_in.release()
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -271,14 +275,27 @@ cdef class Peer:
             self.tokens = min(self.token_capacity, self.tokens + (now - self.tokens_at) * self.send_rate)
             self.tokens_at = now
 
+    cdef bint window_open(self, double now):
+        return (seq_diff(self.next_seq, self.highest_acked) <= ACK_WINDOW
+                or now >= self.window_reopens())
+
+    cdef double window_reopens(self):
+        cdef double rtt = self.rtt.srtt if self.rtt.has_sample else self.rtt.rto
+        return self.last_send_at + max(rtt, 0.001) / ACK_WINDOW
+
+    cdef bint must_send(self, double now):
+        """An ack, block ack or heartbeat is due: a datagram goes out even past the window."""
+        return ((self.ack_due >= 0.0 and now >= self.ack_due) or self.block_in.ack_owed
+                or now - self.last_send_at >= self.heartbeat_interval)
+
     cdef bint wants_send(self, double now):
         cdef SendChannel channel
         if self.state != STATE_CONNECTED:
             return self.state != STATE_CLOSED
-        if self.ack_due >= 0.0 and now >= self.ack_due:
+        if self.must_send(now):
             return True
-        if now - self.last_send_at >= self.heartbeat_interval or self.block_in.ack_owed:
-            return True
+        if not self.window_open(now):
+            return False
         for channel in self.send_channels:
             if channel.has_unsent():
                 return True
@@ -340,8 +357,7 @@ cdef class Peer:
             self.tokens -= pos + IP_UDP_OVERHEAD
             self.last_send_at = now
             self.ack_due = -1.0
-            # The first datagram of a flush always goes (a steady stream is never throttled);
-            # a burst stops at the ack window and resumes as acks arrive.
+            # A burst stops at the ack window and resumes as acks arrive (or the pace allows).
             if seq_diff(self.next_seq, self.highest_acked) > ACK_WINDOW or not self._more_to_send(now):
                 break
 
@@ -404,7 +420,7 @@ cdef class Peer:
 
     cdef double next_deadline(self):
         """Earliest time at which check_timers or flush has work; 0.0 means now."""
-        cdef double deadline, d
+        cdef double deadline, d, ready, token_ready
         cdef SendChannel channel
         if self.state == STATE_DISCONNECTING:
             return 0.0
@@ -412,20 +428,28 @@ cdef class Peer:
             return -1.0
         if self.state != STATE_CONNECTED:
             return min(self.next_handshake_at, self.created_at + self.connect_timeout)
+        if self.block_in.ack_owed:
+            return 0.0
         deadline = min(self.last_receive_at + self.peer_timeout, self.last_send_at + self.heartbeat_interval)
         if self.ack_due >= 0.0:
             deadline = min(deadline, self.ack_due)
-        if self.block_in.ack_owed:
-            return 0.0
+        # Work waiting only for the ack window is due when the window reopens; acks that open
+        # it sooner arrive through receive(), after which the caller flushes anyway.
+        ready = 0.0 if seq_diff(self.next_seq, self.highest_acked) <= ACK_WINDOW else self.window_reopens()
         for channel in self.send_channels:
             if channel.has_unsent():
-                return 0.0
+                deadline = min(deadline, ready)
             d = channel.next_deadline()
             if d >= 0.0:
                 deadline = min(deadline, d)
         if self.block_out.active():
-            # Tokens refill continuously; re-check slices within a fraction of the RTO.
-            deadline = min(deadline, self.last_send_at + min(self.rtt.rto, 0.01))
+            d = self.block_out.next_resend(self.rtt.rto)
+            if self.block_out.has_unsent():
+                # Unsent slices go as soon as the window and the pacing budget allow.
+                token_ready = self.tokens_at + max(0.0, -self.tokens) / self.send_rate
+                d = max(ready, token_ready) if d < 0.0 else min(d, max(ready, token_ready))
+            if d >= 0.0:
+                deadline = min(deadline, d)
         if self.bad_mode:
             deadline = min(deadline, self.good_since + self.good_mode_recovery)
         return deadline

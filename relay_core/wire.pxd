@@ -19,8 +19,8 @@ cdef enum:
 
     CONNECT_REQUEST_SIZE = 64
     CHALLENGE_SIZE = 28
-    CONNECT_RESPONSE_SIZE = 28
-    ACCEPT_SIZE = 12
+    CONNECT_RESPONSE_SIZE = 30
+    ACCEPT_SIZE = 14
     REFUSE_SIZE = 9
     DISCONNECT_SIZE = 9
     COOKIE_MAC_SIZE = 16
@@ -161,7 +161,7 @@ cdef Py_ssize_t write_block_ack_record(uint8_t* p, uint16_t block_id, uint16_t b
 
 cdef bytes make_connect_request(uint32_t connect_id)
 cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac)
-cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac)
-cdef bytes make_accept(uint32_t connect_id, uint32_t session_id)
+cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms)
+cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms)
 cdef bytes make_refuse(uint32_t connect_id, int reason)
 cdef bytes make_disconnect(uint32_t session_id, int reason)

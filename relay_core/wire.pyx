@@ -28,7 +28,7 @@ RECORD_KINDS = {RK_MESSAGE: "message", RK_FRAGMENT: "fragment",
 # Disconnect / refusal reason codes carried in REFUSE and DISCONNECT.
 REASONS = {
     0: "closed", 1: "server_full", 2: "shutdown", 3: "kicked", 4: "timeout",
-    5: "protocol_error", 6: "replaced",
+    5: "protocol_error", 6: "replaced", 7: "resend_limit",
 }
 REASON_CODES = {name: code for code, name in REASONS.items()}
 
@@ -200,30 +200,38 @@ cdef bytes make_connect_request(uint32_t connect_id):
     return bytes(out)
 
 
-cdef bytes _cookie_packet(int packet_type, uint32_t connect_id, uint32_t cookie_time, bytes mac):
-    cdef bytearray out = bytearray(CHALLENGE_SIZE)
+cdef bytearray _cookie_packet(int packet_type, Py_ssize_t size, uint32_t connect_id,
+                              uint32_t cookie_time, bytes mac):
+    if len(mac) != COOKIE_MAC_SIZE:
+        raise ValueError(f"cookie mac must be {COOKIE_MAC_SIZE} bytes")
+    cdef bytearray out = bytearray(size)
     cdef uint8_t* p = out
     write_prefix(p, packet_type)
     write_u32(p + 4, connect_id)
     write_u32(p + 8, cookie_time)
-    out[12:28] = mac[:COOKIE_MAC_SIZE]
-    return bytes(out)
+    out[12:28] = mac
+    return out
 
 
 cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac):
-    return _cookie_packet(PT_CHALLENGE, connect_id, cookie_time, mac)
+    return bytes(_cookie_packet(PT_CHALLENGE, CHALLENGE_SIZE, connect_id, cookie_time, mac))
 
 
-cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac):
-    return _cookie_packet(PT_CONNECT_RESPONSE, connect_id, cookie_time, mac)
+cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms):
+    cdef bytearray out = _cookie_packet(PT_CONNECT_RESPONSE, CONNECT_RESPONSE_SIZE, connect_id,
+                                        cookie_time, mac)
+    cdef uint8_t* p = out
+    write_u16(p + 28, ack_delay_ms)
+    return bytes(out)
 
 
-cdef bytes make_accept(uint32_t connect_id, uint32_t session_id):
+cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms):
     cdef bytearray out = bytearray(ACCEPT_SIZE)
     cdef uint8_t* p = out
     write_prefix(p, PT_ACCEPT)
     write_u32(p + 4, connect_id)
     write_u32(p + 8, session_id)
+    write_u16(p + 12, ack_delay_ms)
     return bytes(out)
 
 
@@ -312,8 +320,11 @@ def decode_packet(data):
     if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE):
         out["cookie_time"] = read_u32(p + 8)
         out["cookie_mac"] = bytes(view[12:28]).hex()
+        if ptype == PT_CONNECT_RESPONSE:
+            out["ack_delay_ms"] = read_u16(p + 28)
     elif ptype == PT_ACCEPT:
         out["session_id"] = read_u32(p + 8)
+        out["ack_delay_ms"] = read_u16(p + 12)
     elif ptype == PT_REFUSE:
         out["reason"] = REASONS.get(p[8], p[8])
     elif ptype == PT_DISCONNECT:
@@ -326,8 +337,32 @@ def _reason_code(value):
     return REASON_CODES[value] if isinstance(value, str) else int(value)
 
 
+_FIELD_RANGES = {
+    "connect_id": 0xFFFFFFFF, "session_id": 0xFFFFFFFF, "cookie_time": 0xFFFFFFFF,
+    "ack_delay_ms": 0xFFFF, "seq": 0xFFFF, "ack": 0xFFFF, "ack_bits": 0xFFFFFFFF,
+    "send_time": 0xFFFF, "echo_time": 0xFFFF, "channel": MAX_CHANNELS - 1, "msg_id": 0xFFFF,
+    "fragment_index": 0xFF, "fragment_count": 0xFF, "block_id": 0xFFFF, "slice_index": 0xFFFF,
+    "slice_count": 0xFFFF, "block_size": 0xFFFFFFFF, "base": 0xFFFF,
+}
+
+
+def _check_ranges(fields):
+    for name, value in fields.items():
+        limit = _FIELD_RANGES.get(name)
+        if limit is not None and not 0 <= value <= limit:
+            raise ValueError(f"{name}={value} does not fit its field (0..{limit})")
+
+
 def encode_packet(packet):
-    """Inverse of decode_packet: build a datagram from its decoded dict."""
+    """Inverse of decode_packet: build a datagram from its decoded dict.
+
+    Raises ValueError for a field outside its wire range instead of writing bytes that would
+    decode as something else."""
+    _check_ranges(packet)
+    for record in packet.get("records", ()):
+        _check_ranges(record)
+        if record.get("kind") == "block_ack" and len(record.get("bitfield", "")) > 128:
+            raise ValueError("block_ack bitfield longer than 64 bytes")
     cdef int ptype = _PACKET_TYPE_IDS[packet["type"]]
     cdef DataHeader h
     cdef bytearray buf
@@ -340,9 +375,9 @@ def encode_packet(packet):
         return make_challenge(packet["connect_id"], packet["cookie_time"], bytes.fromhex(packet["cookie_mac"]))
     if ptype == PT_CONNECT_RESPONSE:
         return make_connect_response(packet["connect_id"], packet["cookie_time"],
-                                     bytes.fromhex(packet["cookie_mac"]))
+                                     bytes.fromhex(packet["cookie_mac"]), packet["ack_delay_ms"])
     if ptype == PT_ACCEPT:
-        return make_accept(packet["connect_id"], packet["session_id"])
+        return make_accept(packet["connect_id"], packet["session_id"], packet["ack_delay_ms"])
     if ptype == PT_REFUSE:
         return make_refuse(packet["connect_id"], _reason_code(packet["reason"]))
     if ptype == PT_DISCONNECT:

@@ -57,7 +57,7 @@ def test_replies_to_unauthenticated_datagrams_are_never_larger():
     server.receive(request, address, 0.0)
     [(challenge, _)] = server.datagrams_to_send(0.0)
     assert len(challenge) <= len(request)
-    response = encode_packet(dict(decode_packet(challenge), type="connect_response"))
+    response = encode_packet(dict(decode_packet(challenge), type="connect_response", ack_delay_ms=5))
     server.receive(response, address, 0.0)
     [(accept, _)] = server.datagrams_to_send(0.0)
     assert decode_packet(accept)["type"] == "accept" and len(accept) <= len(response)
@@ -65,7 +65,7 @@ def test_replies_to_unauthenticated_datagrams_are_never_larger():
     other = ("10.1.1.2", 5)
     server.receive(connect_request(78), other, 0.0)
     [(challenge, _)] = server.datagrams_to_send(0.0)
-    response = encode_packet(dict(decode_packet(challenge), type="connect_response"))
+    response = encode_packet(dict(decode_packet(challenge), type="connect_response", ack_delay_ms=5))
     server.receive(response, other, 0.0)
     [(refuse, _)] = server.datagrams_to_send(0.0)
     assert decode_packet(refuse) == dict(type="refuse", connect_id=78, reason="server_full")
@@ -77,11 +77,11 @@ def test_cookie_is_bound_to_address_and_time():
     server = server_endpoint(cookie_lifetime=2.0)
     server.receive(connect_request(5), ("10.2.2.2", 9), 0.0)
     [(challenge, _)] = server.datagrams_to_send(0.0)
-    response = encode_packet(dict(decode_packet(challenge), type="connect_response"))
+    response = encode_packet(dict(decode_packet(challenge), type="connect_response", ack_delay_ms=5))
     server.receive(response, ("10.2.2.3", 9), 0.5)          # replayed from another address
     assert server.drops == {"bad_cookie": 1}
     tampered = bytearray(response)
-    tampered[-1] ^= 1
+    tampered[27] ^= 1                                       # last byte of the MAC
     server.receive(bytes(tampered), ("10.2.2.2", 9), 0.5)
     assert server.drops == {"bad_cookie": 2}
     server.receive(response, ("10.2.2.2", 9), 3.0)          # too late
@@ -215,3 +215,17 @@ def test_messages_sent_while_connecting_go_out_once_connected():
     assert pair.client.send(peer, 0, b"early")
     pair.run(0.2)
     assert received(pair.server_events, 0) == [b"early"]
+
+
+def test_without_acks_a_peer_sends_at_most_the_ack_window_per_round_trip():
+    pair = make_pair(delay=0.05, seed=13, peer_timeout=50, max_resends=1000, rto_limit=100)
+    pair.connect()
+    pair.run(1.0)                                   # an RTT sample of ~100 ms
+    pair.down.profile.loss = 1.0                    # from now on no ack comes back
+    start = pair.client.peer_stats(pair.client_peer).packets_sent
+    for i in range(1000):
+        pair.client.send(pair.client_peer, 0, bytes(1000))
+        pair.step()
+    sent = pair.client.peer_stats(pair.client_peer).packets_sent - start
+    # 1 s at ~100 ms RTT: 32 packets, then one per RTT/32 (~3 ms), not one per millisecond.
+    assert 32 < sent < 32 + 1000 / 2.5, sent

@@ -92,7 +92,7 @@ def test_fragments_in_flight_are_capped():
     for _ in range(3):
         pair.client.send(pair.client_peer, 0, bytes(100 * 1173))     # 100 fragments each
     fragments = set()
-    for _ in range(2000):
+    for _ in range(10000):
         pair.now += 0.001
         pair.client.handle_timeout(pair.now)
         for datagram, _ in pair.client.datagrams_to_send(pair.now):
@@ -101,3 +101,27 @@ def test_fragments_in_flight_are_capped():
     # Messages 0 and 1 (200 fragments) went out in full; message 2 would pass the cap of 255.
     assert len(fragments) == 200
     assert {msg_id for msg_id, _ in fragments} == {0, 1}
+
+
+def test_messages_held_behind_a_missing_one_are_charged_to_the_budget():
+    pair = make_pair(seed=6, max_message_size=4000, reassembly_limit=8000)
+    pair.connect()
+    session = session_of(pair)
+
+    def message(seq, msg_id, size):
+        return encode_packet(dict(type="data", session_id=session, seq=seq, ack=0, ack_bits=0,
+                                  send_time=0, echo_time=0, records=[dict(
+                                      kind="message", channel=0, msg_id=msg_id,
+                                      payload=bytes([msg_id]).hex() * size)]))
+
+    # Message 0 is withheld; 1..100 of 1000 bytes each would park 100 kB behind it.
+    for msg_id in range(1, 101):
+        pair.server.receive(message(200 + msg_id, msg_id, 1000), pair.CLIENT_ADDRESS, pair.now)
+    assert pair.server.drops["reassembly_full"] >= 90
+    assert received(pair.server_events) == []
+    # The withheld message is never refused for the budget, and releases what waited for it.
+    pair.server.receive(message(400, 0, 1000), pair.CLIENT_ADDRESS, pair.now)
+    pair.run(0.01)
+    delivered = received(pair.server_events, 0)
+    assert 1 + 7 <= len(delivered) <= 1 + 8
+    assert [m[0] for m in delivered] == list(range(len(delivered)))

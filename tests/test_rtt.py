@@ -95,3 +95,21 @@ def test_config_rejects_a_floor_above_the_ceiling():
 
     with pytest.raises(ConfigError, match="rto_min"):
         EndpointConfig(rto_min=2.0, rto_max=1.0).validate()
+
+
+def test_each_side_allows_for_the_ack_delay_the_other_announced():
+    server = EndpointConfig(accept_connections=True, seed=1, ack_delay=0.034)
+    client = EndpointConfig(seed=2, ack_delay=0.005)
+    from relay_core.simlink import LinkedPair, LinkProfile
+
+    pair = LinkedPair(server, client, LinkProfile(delay=0.02), LinkProfile(delay=0.02), seed=1)
+    pair.connect()
+    for i in range(200):
+        pair.client.send(pair.client_peer, 1, b"input%d" % i)
+        pair.server.send(pair.server_peer, 1, b"frame%d" % i)
+        pair.run(1 / 30)
+    client_rto = pair.client.peer_stats(pair.client_peer).rto
+    server_rto = pair.server.peer_stats(pair.server_peer).rto
+    assert client_rto == pytest.approx(0.040 + 0.002 + 0.034, abs=0.003)
+    assert server_rto == pytest.approx(0.040 + 0.002 + 0.005, abs=0.003)
+    assert pair.client.peer_stats(pair.client_peer).resends == 0
