@@ -1,27 +1,84 @@
-"""The ``relay`` command line."""
+"""The ``relay`` command line: serve, bot, netem, replay, info."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import signal
 import sys
 
 import relay
-import relay_core
 
 
 def _info(_args: argparse.Namespace) -> int:
+    import relay_core
     from relay_core import endpoint
 
     print(f"relay {relay.__version__}")
     print(f"relay_core compiled extension: {endpoint.__file__}")
     config = relay_core.EndpointConfig()
-    print(f"default mtu: {config.mtu} bytes; channels: "
+    print(f"default mtu: {config.mtu} bytes; core channel modes: "
           + ", ".join(channel.mode for channel in config.channels))
     return 0
 
 
+async def _serve(config) -> int:
+    from relay.server import RelayServer
+
+    server = RelayServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    try:
+        await asyncio.wait_for(server.stop("shutdown"), config.server.shutdown_timeout)
+    except asyncio.TimeoutError:
+        server.log.error("shutdown_timed_out", seconds=config.server.shutdown_timeout)
+        return 1
+    return 0
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    from relay.config import ConfigError, describe, load_config
+    from relay.logs import configure, get_logger
+
+    try:
+        config = load_config(args.config or os.environ.get("RELAY_CONFIG"))
+    except ConfigError as error:
+        print(f"relay: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    configure(config.server.log_level, config.server.log_format)
+    get_logger("relay").info("config", **{section: values for section, values in describe(config).items()})
+    import uvloop
+
+    return uvloop.run(_serve(config))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="relay", description="Frame-sync relay server")
+    parser = argparse.ArgumentParser(prog="relay", description="Frame-sync (lockstep) relay server")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the relay (embedded defaults, or --config FILE)")
+    serve.add_argument("--config", help="TOML settings file (default: embedded defaults; "
+                                        "RELAY_<SECTION>_<KEY> variables override single settings)")
+    serve.set_defaults(func=_serve_command)
+
+    from relay import bot, netem, replay
+
+    bot_parser = sub.add_parser("bot", help="headless bots that play and verify a room")
+    bot.add_arguments(bot_parser)
+    bot_parser.set_defaults(func=lambda args: bot.run_from_args(args))
+
+    netem_parser = sub.add_parser("netem", help="user-space UDP link emulator (loss, delay, jitter)")
+    netem.add_arguments(netem_parser)
+    netem_parser.set_defaults(func=lambda args: netem.run_from_args(args))
+
+    replay_parser = sub.add_parser("replay", help="inspect replay files")
+    replay.add_arguments(replay_parser)
+    replay_parser.set_defaults(func=lambda args: replay.run_from_args(args))
+
     sub.add_parser("info", help="print the version and the compiled core in use").set_defaults(func=_info)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1,0 +1,203 @@
+"""Headless bots: join rooms, play at the tick rate, verify the frame stream, measure latency.
+
+Each bot sends a 16-byte input for frame N + input_delay whenever it receives frame N (the way a
+lockstep client schedules its inputs), checks that frames arrive once, in order and without
+gaps, and that every bot in a room sees byte-identical frames. Input-to-frame latency is the
+time from sending the input for frame M to receiving frame M.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import statistics
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from relay.client import RelayClient, RelayError
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclass
+class BotReport:
+    room: str
+    player: str
+    frames: int = 0
+    gaps: int = 0
+    duplicates: int = 0
+    mismatches: int = 0
+    inputs_sent: int = 0
+    inputs_missing: int = 0
+    """Frames that closed without this bot's input although it had been sent."""
+    latencies: list = field(default_factory=list)
+    error: Optional[str] = None
+
+
+class RoomLedger:
+    """What the first bot saw for each frame of a room; later bots compare against it."""
+
+    def __init__(self):
+        self.digests: dict[int, bytes] = {}
+
+    def check(self, number: int, digest: bytes) -> bool:
+        known = self.digests.setdefault(number, digest)
+        return known == digest
+
+
+async def run_bot(host: str, port: int, room: str, player: str, ledger: RoomLedger,
+                  deadline: float, input_delay: int, start_timeout: float) -> BotReport:
+    report = BotReport(room, player)
+    try:
+        client = await RelayClient.connect(host, port, room, player, timeout=start_timeout)
+    except RelayError as error:
+        report.error = str(error)
+        return report
+    loop = asyncio.get_running_loop()
+    slot = client.welcome.slot
+    sent_at: dict[int, tuple[float, bytes]] = {}
+    expected = 0
+    last_sent = -1
+
+    def send(frame_number: int) -> None:
+        nonlocal last_sent
+        if frame_number <= last_sent:
+            return      # replaying history: those frames are closed already
+        last_sent = frame_number
+        payload = struct.pack("<IIQ", slot, frame_number, hash((player, frame_number)) & (2**64 - 1))
+        if client.send_input(frame_number, payload):
+            sent_at[frame_number] = (loop.time(), payload)
+            report.inputs_sent += 1
+
+    try:
+        await client.wait_for_state("running", timeout=start_timeout)
+        start = client.welcome.next_frame
+        for ahead in range(input_delay):
+            send(start + ahead)
+        while loop.time() < deadline:
+            frame = await client.next_frame_or_none(timeout=max(0.01, deadline - loop.time()))
+            if frame is None:
+                break
+            now = loop.time()
+            if frame.number != expected:
+                if frame.number < expected:
+                    report.duplicates += 1
+                    continue
+                report.gaps += frame.number - expected
+            expected = frame.number + 1
+            report.frames += 1
+            digest = hashlib.blake2b(repr((frame.inputs, frame.events)).encode(), digest_size=16).digest()
+            if not ledger.check(frame.number, digest):
+                report.mismatches += 1
+            pending = sent_at.pop(frame.number, None)
+            if pending is not None:
+                if slot < len(frame.inputs) and frame.inputs[slot] == pending[1]:
+                    report.latencies.append(now - pending[0])
+                else:
+                    report.inputs_missing += 1
+            send(frame.number + input_delay)
+    except asyncio.TimeoutError:
+        pass
+    except RelayError as error:
+        report.error = str(error)
+    finally:
+        await client.close()
+    return report
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def summarize(reports: list[BotReport], seconds: float) -> dict:
+    latencies = [value for report in reports for value in report.latencies]
+    return {
+        "bots": len(reports),
+        "rooms": len({report.room for report in reports}),
+        "seconds": seconds,
+        "frames_received": sum(r.frames for r in reports),
+        "frames_per_bot_min": min((r.frames for r in reports), default=0),
+        "gaps": sum(r.gaps for r in reports),
+        "duplicates": sum(r.duplicates for r in reports),
+        "mismatches": sum(r.mismatches for r in reports),
+        "inputs_sent": sum(r.inputs_sent for r in reports),
+        "inputs_missing": sum(r.inputs_missing for r in reports),
+        "errors": [f"{r.room}/{r.player}: {r.error}" for r in reports if r.error],
+        "latency_ms": {
+            "p50": round(1000 * percentile(latencies, 0.50), 2),
+            "p95": round(1000 * percentile(latencies, 0.95), 2),
+            "p99": round(1000 * percentile(latencies, 0.99), 2),
+            "max": round(1000 * max(latencies, default=0.0), 2),
+            "mean": round(1000 * statistics.fmean(latencies), 2) if latencies else 0.0,
+            "samples": len(latencies),
+        },
+    }
+
+
+async def run_bots(host: str, port: int, rooms: int, players: int, seconds: float,
+                   input_delay: int = 2, room_prefix: str = "bots", start_timeout: float = 10.0) -> dict:
+    loop = asyncio.get_running_loop()
+    run_id = f"{int(time.time() * 1000) % 10**8}"
+    deadline = loop.time() + seconds
+    tasks = []
+    for r in range(rooms):
+        ledger = RoomLedger()
+        room = f"{room_prefix}-{run_id}-{r}"
+        for p in range(players):
+            tasks.append(run_bot(host, port, room, f"bot{p}", ledger, deadline, input_delay,
+                                 start_timeout))
+    reports = await asyncio.gather(*tasks)
+    return summarize(list(reports), seconds)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", type=_host_port, default=("127.0.0.1", 7777),
+                        help="relay UDP address, HOST:PORT (default 127.0.0.1:7777)")
+    parser.add_argument("--rooms", type=int, default=1)
+    parser.add_argument("--players", type=int, default=2, help="bots per room")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--input-delay", type=int, default=2,
+                        help="frames between receiving frame N and the frame an input is for")
+    parser.add_argument("--room-prefix", default="bots")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def format_summary(summary: dict) -> str:
+    latency = summary["latency_ms"]
+    lines = [
+        f"bots {summary['bots']} in {summary['rooms']} room(s), {summary['seconds']:g} s",
+        f"frames received {summary['frames_received']} (min per bot {summary['frames_per_bot_min']})",
+        f"gaps {summary['gaps']}  duplicates {summary['duplicates']}  mismatches {summary['mismatches']}",
+        f"inputs sent {summary['inputs_sent']}  missing from their frame {summary['inputs_missing']}",
+        f"input-to-frame latency ms: p50 {latency['p50']}  p95 {latency['p95']}  "
+        f"p99 {latency['p99']}  max {latency['max']}  ({latency['samples']} samples)",
+    ]
+    lines += [f"error: {error}" for error in summary["errors"]]
+    return "\n".join(lines)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if args.rooms < 1 or args.players < 1 or args.seconds <= 0 or args.input_delay < 1:
+        print("relay bot: --rooms, --players, --input-delay must be >= 1 and --seconds > 0",
+              file=sys.stderr)
+        return 2
+    import uvloop
+
+    host, port = args.server
+    summary = uvloop.run(run_bots(host, port, args.rooms, args.players, args.seconds,
+                                  args.input_delay, args.room_prefix))
+    print(json.dumps(summary) if args.json else format_summary(summary))
+    ok = not (summary["gaps"] or summary["duplicates"] or summary["mismatches"] or summary["errors"])
+    return 0 if ok else 1

@@ -1,0 +1,283 @@
+"""The asyncio client SDK: connect to a relay, join a room, send inputs, receive frames in order.
+
+    client = await RelayClient.connect("127.0.0.1", 7777, room="lobby-1", player="alice")
+    client.send_input(frame=client.next_input_frame, payload=b"\\x01\\x00")
+    async for frame in client.frames():        # every frame once, in order, from frame 0
+        simulate(frame.inputs)
+        client.report_checksum(frame.number, state_hash())
+
+Frames come live on the STREAM channel; a late joiner's (or a reconnecting or lagging client's)
+missing frames come as one block. The SDK merges both by frame number, so ``frames()`` yields
+each frame exactly once with no gap, whatever the mix.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+from relay import protocol
+from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Join, ProtocolError, Welcome
+from relay.transport import EndpointDriver, open_driver
+from relay_core import (
+    BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected, PeerDisconnected,
+)
+
+
+class RelayError(Exception):
+    """The relay refused us or the connection ended; ``code`` says why."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@dataclass
+class ClientStats:
+    rtt: float
+    rtt_variance: float
+    loss: float
+    frames_received: int
+    duplicates_ignored: int
+    blocks_received: int
+    packets_sent: int
+    packets_received: int
+    bytes_sent: int
+    bytes_received: int
+
+
+def client_config(ack_delay: float = 1 / 30, **overrides) -> EndpointConfig:
+    return EndpointConfig(channels=protocol.endpoint_channels(), ack_delay=ack_delay,
+                          max_block_size=32 * 1024 * 1024, block_memory_limit=64 * 1024 * 1024,
+                          **overrides)
+
+
+class RelayClient:
+    def __init__(self, host: str, port: int, room: str, player: str, spectator: bool = False,
+                 config: Optional[EndpointConfig] = None):
+        self.server_address = (socket.gethostbyname(host), port)
+        self.room = room
+        self.player = player
+        self.spectator = spectator
+        self.config = config or client_config()
+        self.welcome: Optional[Welcome] = None
+        self.room_state: Optional[str] = None
+        self.final_frames: Optional[int] = None
+        """Frames the room produced in all, once it has ended."""
+        self.desyncs: list[list] = []
+        self.notices: list[list] = []
+        self.next_frame = 0
+        """Number of the next frame frames() will yield; everything before it was yielded."""
+        self._buffer: dict[int, Frame] = {}
+        self._ready = asyncio.Event()
+        self._frame_ready = asyncio.Event()
+        self._state_changed = asyncio.Event()
+        self._error: Optional[RelayError] = None
+        self._frames_received = 0
+        self._duplicates = 0
+        self._blocks = 0
+        self.endpoint: Optional[Endpoint] = None
+        self.driver: Optional[EndpointDriver] = None
+        self.peer_id: Optional[int] = None
+
+    # -- connecting -------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, host: str, port: int, room: str, player: str, spectator: bool = False,
+                      timeout: float = 5.0, config: Optional[EndpointConfig] = None) -> "RelayClient":
+        """Connect and join; returns once the relay has welcomed us (raises RelayError if not)."""
+        client = cls(host, port, room, player, spectator, config)
+        await client._open(timeout)
+        return client
+
+    async def _open(self, timeout: float) -> None:
+        self.endpoint = Endpoint(self.config)
+        family_host = "::" if ":" in self.server_address[0] else "0.0.0.0"
+        self.driver = await open_driver(self.endpoint, (family_host, 0), self._on_events)
+        self._ready.clear()
+        self.peer_id = self.endpoint.connect(self.server_address, self.driver.now())
+        self.endpoint.send(self.peer_id, CONTROL, Join(self.room, self.player, self.spectator).encode())
+        self.driver.flush()
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.driver.close()
+            raise RelayError("timeout", f"no welcome from {self.server_address} within {timeout} s") from None
+        if self._error is not None:
+            self.driver.close()
+            raise self._error
+
+    async def reconnect(self, timeout: float = 5.0) -> None:
+        """Drop this connection (as a network change would) and rejoin with the same player
+        from a new socket. The relay gives the slot back; frames() resumes without gap or
+        duplicate."""
+        if self.driver is not None:
+            self.driver.close()
+        self._error = None
+        await self._open(timeout)
+
+    async def close(self, leave: bool = True) -> None:
+        """Leave the room (if ``leave``) and disconnect gracefully."""
+        if self.driver is None or self.endpoint is None:
+            return
+        if self.endpoint.is_connected(self.peer_id):
+            if leave:
+                self.endpoint.send(self.peer_id, CONTROL, protocol.pack(protocol.LEAVE))
+                self.driver.flush()
+            self.endpoint.disconnect(self.peer_id, "closed")
+            self.driver.flush()
+        self.driver.close()
+        self._frame_ready.set()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    @property
+    def have(self) -> int:
+        """Highest frame held with every frame before it (reported to the relay with inputs)."""
+        return self.next_frame - 1 + self._contiguous_buffered()
+
+    def _contiguous_buffered(self) -> int:
+        count = 0
+        while self.next_frame + count in self._buffer:
+            count += 1
+        return count
+
+    def send_input(self, frame: int, payload: bytes) -> bool:
+        """Queue our input for ``frame``; it goes out with the next datagram, repeated in every
+        datagram until acknowledged (redundant channel)."""
+        if not self._live():
+            return False
+        sent = self.endpoint.send(self.peer_id, STREAM, Input(frame, payload, self.have).encode())
+        self.driver.request_flush()
+        return sent
+
+    def report_checksum(self, frame: int, value: int) -> None:
+        """Report a hash of the game state after simulating ``frame`` (desync detection)."""
+        if self._live():
+            self.endpoint.send(self.peer_id, CONTROL, Checksum(frame, value & 0xFFFFFFFFFFFFFFFF).encode())
+            self.driver.request_flush()
+
+    def ready(self) -> None:
+        if self._live():
+            self.endpoint.send(self.peer_id, CONTROL, protocol.pack(protocol.READY))
+            self.driver.request_flush()
+
+    def _live(self) -> bool:
+        return self.endpoint is not None and self.peer_id is not None and self.endpoint.is_connected(self.peer_id)
+
+    # -- receiving --------------------------------------------------------------------------
+
+    async def frames(self) -> AsyncIterator[Frame]:
+        """Every frame, once, in order. Ends when the room ends or the connection is lost."""
+        while True:
+            frame = await self.next_frame_or_none()
+            if frame is None:
+                return
+            yield frame
+
+    async def next_frame_or_none(self, timeout: Optional[float] = None) -> Optional[Frame]:
+        """The next frame in order; None when the room has ended or the connection is gone."""
+        while True:
+            frame = self._buffer.pop(self.next_frame, None)
+            if frame is not None:
+                self.next_frame += 1
+                return frame
+            if self.room_state == "ended" and (self.final_frames is None
+                                               or self.next_frame >= self.final_frames):
+                return None
+            if self._error is not None:
+                return None
+            self._frame_ready.clear()
+            await asyncio.wait_for(self._frame_ready.wait(), timeout)
+
+    async def wait_for_state(self, state: str, timeout: float = 10.0) -> None:
+        while self.room_state != state:
+            self._state_changed.clear()
+            await asyncio.wait_for(self._state_changed.wait(), timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._live()
+
+    @property
+    def error(self) -> Optional[RelayError]:
+        return self._error
+
+    def stats(self) -> ClientStats:
+        core = self.endpoint.peer_stats(self.peer_id) if self._live() else None
+        return ClientStats(
+            rtt=core.rtt if core else 0.0, rtt_variance=core.rtt_variance if core else 0.0,
+            loss=core.loss if core else 0.0, frames_received=self._frames_received,
+            duplicates_ignored=self._duplicates, blocks_received=self._blocks,
+            packets_sent=core.packets_sent if core else 0,
+            packets_received=core.packets_received if core else 0,
+            bytes_sent=core.bytes_sent if core else 0, bytes_received=core.bytes_received if core else 0)
+
+    def _on_events(self, now: float) -> None:
+        while (event := self.endpoint.next_event()) is not None:
+            kind = type(event)
+            if kind is MessageReceived:
+                self._on_message(event.channel, event.payload)
+            elif kind is BlockReceived:
+                self._on_history(event.data)
+            elif kind is PeerDisconnected:
+                if self._error is None:
+                    self._error = RelayError("disconnected", event.reason)
+                self._ready.set()
+                self._frame_ready.set()
+                self._state_changed.set()
+            elif kind is PeerConnected:
+                pass
+
+    def _on_message(self, channel: int, payload: bytes) -> None:
+        try:
+            message = protocol.decode_relay_message(payload)
+        except ProtocolError:
+            return
+        if isinstance(message, Frame):
+            self._store(message)
+        elif isinstance(message, Welcome):
+            self.welcome = message
+            self.room_state = message.state
+            # A live frame may have arrived before anything else; history covers the rest.
+            self._ready.set()
+            self._state_changed.set()
+        elif message[0] == protocol.REFUSED:
+            self._error = RelayError(message[1], message[2])
+            self._ready.set()
+        elif message[0] == protocol.ROOM_STATE:
+            self.room_state = message[1]
+            if message[1] == "ended":
+                self.final_frames = message[2]
+            self._state_changed.set()
+            self._frame_ready.set()
+        elif message[0] == protocol.DESYNC:
+            self.desyncs.append(message[1:])
+        elif message[0] == protocol.NOTICE:
+            self.notices.append(message[1:])
+
+    def _on_history(self, block: bytes) -> None:
+        try:
+            first, frames = protocol.decode_history(block)
+        except ProtocolError:
+            return
+        self._blocks += 1
+        for number, data in enumerate(frames, start=first):
+            if number >= self.next_frame and number not in self._buffer:
+                try:
+                    frame = protocol.decode_relay_message(data)
+                except ProtocolError:
+                    continue
+                self._store(frame)
+            else:
+                self._duplicates += 1
+
+    def _store(self, frame: Frame) -> None:
+        if frame.number < self.next_frame or frame.number in self._buffer:
+            self._duplicates += 1
+            return
+        self._buffer[frame.number] = frame
+        self._frames_received += 1
+        if frame.number == self.next_frame:
+            self._frame_ready.set()

@@ -1,0 +1,395 @@
+"""A room: membership, input buffers, frame assembly, lifecycle. Sans-I/O, like the core.
+
+The server calls a Room with peer ids, decoded messages and the time; the room answers with
+``Action``s (send a message, send a block, disconnect a peer) that the server carries out, and
+with ``RoomEvent``s for logs, metrics and the replay. A room never touches a socket or a clock,
+so tests drive it directly.
+
+Frame N holds, for every slot, the player's input for N or None, plus the membership changes
+(join, leave, timeout, reconnect) that happened while N was open, so every client agrees on the
+frame at which they took effect. Frames are encoded once per tick and the same bytes go to
+every member, to the history (late joiners, catch-up) and to the replay.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from relay import protocol
+from relay.config import RoomSettings
+from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
+
+WAITING, RUNNING, ENDED = "waiting", "running", "ended"
+
+
+class JoinRefused(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Action:
+    kind: str
+    """send | block | disconnect"""
+    peer_id: int
+    channel: int = CONTROL
+    data: bytes = b""
+    reason: str = ""
+
+
+@dataclass
+class RoomEvent:
+    kind: str
+    """joined, reconnected, left, timed_out, started, ended, frame, desync, input_refused, ..."""
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class Slot:
+    index: int
+    player: str
+    peer_id: Optional[int]
+    """None while the player is away (left or timed out) and may reconnect."""
+    ready: bool = False
+    away_since: Optional[float] = None
+
+
+@dataclass
+class Member:
+    """A connected client in this room: a player (slot) or a spectator."""
+
+    peer_id: int
+    player: str
+    slot: Optional[int]
+    spectator: bool
+    have: int = -1
+    """Highest frame the client holds with every frame before it (reported with its inputs)."""
+    next_live: int = 0
+    """First frame this member receives on the STREAM channel."""
+    catching_up: bool = False
+    """A history or catch-up block is in flight; live frames still go out behind it."""
+    block_end: int = -1
+    """Last frame of the block in flight: the client holds everything up to it once delivered."""
+    reported: bool = False
+    """The client has reported progress (``have``) at least once; only then can it lag."""
+
+
+class Room:
+    def __init__(self, room_id: str, settings: RoomSettings, tick_rate: int, now: float,
+                 start_policy: Optional[str] = None, start_players: Optional[int] = None,
+                 capacity: Optional[int] = None):
+        self.room_id = room_id
+        self.settings = settings
+        self.tick_rate = tick_rate
+        self.capacity = capacity if capacity is not None else settings.capacity
+        self.start_policy = start_policy or settings.start_policy
+        self.start_players = start_players if start_players is not None else settings.start_players
+        self.state = WAITING
+        self.created_at = now
+        self.empty_since: Optional[float] = now
+        self.slots: list[Slot] = []
+        self.members: dict[int, Member] = {}
+        self.open_frame = 0
+        self.history: list[bytes] = []
+        self.pending_inputs: dict[int, dict[int, bytes]] = {}
+        self.pending_events: list[list] = []
+        self.checksums: dict[int, dict[int, int]] = {}
+        self.reported_desyncs: set[int] = set()
+        self.end_reason: Optional[str] = None
+        self.actions: list[Action] = []
+        self.events: list[RoomEvent] = []
+
+    # -- queries ----------------------------------------------------------------------------
+
+    @property
+    def players_connected(self) -> int:
+        return sum(1 for slot in self.slots if slot.peer_id is not None)
+
+    @property
+    def spectator_count(self) -> int:
+        return sum(1 for member in self.members.values() if member.spectator)
+
+    def info(self) -> dict:
+        return {
+            "room": self.room_id, "state": self.state, "frame": self.open_frame,
+            "capacity": self.capacity, "start_policy": self.start_policy,
+            "start_players": self.start_players, "spectators": self.spectator_count,
+            "players": [{"slot": s.index, "player": s.player, "connected": s.peer_id is not None,
+                         "ready": s.ready} for s in self.slots],
+            "end_reason": self.end_reason,
+        }
+
+    def take_actions(self) -> list[Action]:
+        actions, self.actions = self.actions, []
+        return actions
+
+    def take_events(self) -> list[RoomEvent]:
+        events, self.events = self.events, []
+        return events
+
+    # -- membership -------------------------------------------------------------------------
+
+    def join(self, peer_id: int, player: str, spectator: bool, now: float) -> Member:
+        """Admit a peer; queues its WELCOME (and history block). Raises JoinRefused."""
+        if self.state == ENDED:
+            raise JoinRefused("room_ended", f"room {self.room_id} has ended")
+        if spectator:
+            return self._join_spectator(peer_id, player)
+        slot = next((s for s in self.slots if s.player == player), None)
+        if slot is not None:
+            return self._reclaim(slot, peer_id, now)
+        if self.state == RUNNING and not self.settings.allow_late_join:
+            raise JoinRefused("running", f"room {self.room_id} is running and takes no late joiners")
+        if len(self.slots) >= self.capacity:
+            raise JoinRefused("room_full", f"room {self.room_id} is full ({self.capacity} players)")
+        slot = Slot(len(self.slots), player, peer_id)
+        self.slots.append(slot)
+        member = self._admit(peer_id, player, slot.index, spectator=False)
+        self.pending_events.append(["join", slot.index, player])
+        self.events.append(RoomEvent("joined", {"player": player, "slot": slot.index,
+                                                "frame": self.open_frame}))
+        self._maybe_start(now)
+        return member
+
+    def _reclaim(self, slot: Slot, peer_id: int, now: float) -> Member:
+        if slot.peer_id is not None:
+            # The same player on a new connection (its old one not yet timed out): the newer
+            # connection wins, the old one is closed.
+            old = self.members.pop(slot.peer_id, None)
+            self.actions.append(Action("disconnect", slot.peer_id, reason="replaced"))
+            del old
+        elif slot.away_since is not None and now - slot.away_since > self.settings.reconnect_grace:
+            raise JoinRefused("slot_expired", f"player {slot.player}'s slot in {self.room_id} "
+                                              f"expired {self.settings.reconnect_grace:g} s after it left")
+        slot.peer_id = peer_id
+        slot.away_since = None
+        member = self._admit(peer_id, slot.player, slot.index, spectator=False)
+        if self.state != WAITING:
+            self.pending_events.append(["reconnect", slot.index, slot.player])
+        self.events.append(RoomEvent("reconnected", {"player": slot.player, "slot": slot.index,
+                                                     "frame": self.open_frame}))
+        return member
+
+    def _join_spectator(self, peer_id: int, player: str) -> Member:
+        if self.spectator_count >= self.settings.max_spectators:
+            raise JoinRefused("spectators_full", f"room {self.room_id} has its "
+                                                 f"{self.settings.max_spectators} spectators")
+        member = self._admit(peer_id, player, None, spectator=True)
+        self.events.append(RoomEvent("spectator_joined", {"player": player}))
+        return member
+
+    def _admit(self, peer_id: int, player: str, slot: Optional[int], spectator: bool) -> Member:
+        """Register the member, send WELCOME and, in a running room, the history it missed."""
+        released = self._released_frames(spectator)
+        member = Member(peer_id, player, slot, spectator, next_live=released)
+        self.members[peer_id] = member
+        self.empty_since = None
+        welcome = Welcome(self.room_id, player, slot, self.tick_rate, self.state, released,
+                          history=released, spectator=spectator)
+        self.actions.append(Action("send", peer_id, CONTROL, welcome.encode()))
+        if released:
+            self.actions.append(Action("block", peer_id,
+                                       data=protocol.encode_history(0, self.history[:released])))
+            member.catching_up = True
+            member.block_end = released - 1
+            self.events.append(RoomEvent("history_sent", {"player": player, "frames": released}))
+        return member
+
+    def _released_frames(self, spectator: bool) -> int:
+        """Frames a member may have right now: all closed ones, or the delayed ones for spectators."""
+        if spectator:
+            return max(0, self.open_frame - self.settings.spectator_delay)
+        return self.open_frame
+
+    def detach(self, peer_id: int, reason: str, now: float) -> None:
+        """A member left (LEAVE, disconnect, timeout or kick); its slot stays reclaimable."""
+        member = self.members.pop(peer_id, None)
+        if member is None:
+            return
+        if member.slot is not None:
+            slot = self.slots[member.slot]
+            slot.peer_id = None
+            slot.ready = False
+            slot.away_since = now
+            if self.state == RUNNING:
+                kind = "timeout" if reason == "timeout" else "leave"
+                self.pending_events.append([kind, slot.index, slot.player])
+            self.events.append(RoomEvent("timed_out" if reason == "timeout" else "left",
+                                         {"player": slot.player, "slot": slot.index,
+                                          "reason": reason, "frame": self.open_frame}))
+        if not self.members:
+            self.empty_since = now
+
+    def kick(self, player: str, now: float) -> Optional[int]:
+        """Disconnect a player (its slot stays, as for a timeout); returns its peer id."""
+        slot = next((s for s in self.slots if s.player == player), None)
+        if slot is None:
+            member = next((m for m in self.members.values() if m.player == player), None)
+            if member is None:
+                return None
+            peer_id = member.peer_id
+        else:
+            peer_id = slot.peer_id
+        if peer_id is not None:
+            self.detach(peer_id, "kicked", now)
+            self.actions.append(Action("disconnect", peer_id, reason="kicked"))
+        self.events.append(RoomEvent("kicked", {"player": player}))
+        return peer_id
+
+    def set_ready(self, peer_id: int, now: float) -> None:
+        member = self.members.get(peer_id)
+        if member is not None and member.slot is not None:
+            self.slots[member.slot].ready = True
+            self._maybe_start(now)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _maybe_start(self, now: float) -> None:
+        if self.state != WAITING or self.start_policy == "admin":
+            return
+        connected = [s for s in self.slots if s.peer_id is not None]
+        if len(connected) < self.start_players:
+            return
+        if self.start_policy == "ready" and not all(s.ready for s in connected):
+            return
+        self.start(now)
+
+    def start(self, now: float) -> None:
+        if self.state != WAITING:
+            return
+        self.state = RUNNING
+        self.started_at = now
+        self._broadcast(CONTROL, protocol.room_state(RUNNING, self.open_frame))
+        self.events.append(RoomEvent("started", {"players": [s.player for s in self.slots]}))
+
+    def end(self, reason: str) -> None:
+        if self.state == ENDED:
+            return
+        self.state = ENDED
+        self.end_reason = reason
+        self._broadcast(CONTROL, protocol.room_state(ENDED, self.open_frame, reason))
+        self.events.append(RoomEvent("ended", {"reason": reason, "frames": self.open_frame}))
+
+    def expired(self, now: float) -> bool:
+        """Nobody connected for empty_timeout: the room should end."""
+        return (self.state != ENDED and self.empty_since is not None
+                and now - self.empty_since >= self.settings.empty_timeout)
+
+    # -- inputs and checksums ---------------------------------------------------------------
+
+    def on_input(self, peer_id: int, message: Input) -> str:
+        """Buffer one input; returns the outcome: accepted, late, duplicate, or refused:<reason>."""
+        member = self.members.get(peer_id)
+        if member is None or member.slot is None:
+            return "refused:not_a_player"
+        member.have = max(member.have, message.have)
+        member.reported = True
+        if self.state != RUNNING:
+            return "refused:not_running"
+        if len(message.payload) > self.settings.max_input_bytes:
+            return "refused:too_large"
+        frame = message.frame
+        outcome = "accepted"
+        if frame < self.open_frame:
+            if self.settings.late_input_policy == "drop":
+                return "refused:late_dropped"
+            frame, outcome = self.open_frame, "late"
+        elif frame > self.open_frame + self.settings.max_input_lead:
+            return "refused:too_far_ahead"
+        inputs = self.pending_inputs.setdefault(frame, {})
+        if member.slot in inputs:
+            return "duplicate" if outcome == "accepted" else "refused:late_dropped"
+        inputs[member.slot] = message.payload
+        return outcome
+
+    def on_checksum(self, peer_id: int, message: Checksum) -> None:
+        member = self.members.get(peer_id)
+        if member is None or member.slot is None or message.frame >= self.open_frame:
+            return
+        if message.frame < self.open_frame - self.settings.checksum_window:
+            return
+        by_slot = self.checksums.setdefault(message.frame, {})
+        by_slot.setdefault(member.slot, message.value)
+        if len(set(by_slot.values())) > 1 and message.frame not in self.reported_desyncs:
+            self._report_desync(message.frame, by_slot)
+
+    def _report_desync(self, frame: int, by_slot: dict[int, int]) -> None:
+        self.reported_desyncs.add(frame)
+        groups: dict[int, list[str]] = {}
+        for slot, value in by_slot.items():
+            groups.setdefault(value, []).append(self.slots[slot].player)
+        sizes = sorted(len(players) for players in groups.values())
+        # A minority exists only when one group is strictly the largest.
+        minority = []
+        if len(sizes) > 1 and sizes[-1] > sizes[-2]:
+            largest = max(groups.values(), key=len)
+            minority = sorted(p for players in groups.values() if players is not largest for p in players)
+        checksums = {self.slots[slot].player: value for slot, value in by_slot.items()}
+        self._broadcast(CONTROL, protocol.desync(frame, checksums, minority))
+        self.events.append(RoomEvent("desync", {"frame": frame, "checksums": checksums,
+                                                "minority": minority}))
+
+    # -- ticks ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> Optional[bytes]:
+        """Close the open frame (running rooms only); returns its bytes."""
+        if self.state != RUNNING:
+            return None
+        number = self.open_frame
+        inputs = self.pending_inputs.pop(number, {})
+        frame = Frame(number, [inputs.get(i) for i in range(len(self.slots))], self.pending_events)
+        data = frame.encode()
+        self.pending_events = []
+        self.history.append(data)
+        self.open_frame += 1
+        spectator_frame = number - self.settings.spectator_delay
+        for member in self.members.values():
+            if member.spectator:
+                if spectator_frame >= member.next_live:
+                    self.actions.append(Action("send", member.peer_id, STREAM,
+                                               self.history[spectator_frame]))
+            else:
+                self.actions.append(Action("send", member.peer_id, STREAM, data))
+                self._maybe_catch_up(member)
+        stale = number - self.settings.checksum_window
+        if stale >= 0:
+            self.checksums.pop(stale, None)
+            self.reported_desyncs.discard(stale)
+        self.events.append(RoomEvent("frame", {"frame": number, "data": data}))
+        return data
+
+    def _maybe_catch_up(self, member: Member) -> None:
+        """A client far behind gets the frames it lacks as one block instead of waiting for
+        the stream to work through its backlog."""
+        if member.catching_up or not member.reported:
+            return
+        behind = self.open_frame - 1 - member.have
+        if behind <= self.settings.catchup_frames:
+            return
+        first = max(0, member.have + 1)
+        self.actions.append(Action("block", member.peer_id,
+                                   data=protocol.encode_history(first, self.history[first:self.open_frame])))
+        member.catching_up = True
+        member.block_end = self.open_frame - 1
+        self.events.append(RoomEvent("catch_up", {"player": member.player, "first": first,
+                                                  "frames": self.open_frame - first}))
+
+    def on_send_failed(self, peer_id: int) -> None:
+        """The core refused to queue a frame (the member's queue is full): make sure the next
+        tick repairs the gap with a catch-up block."""
+        member = self.members.get(peer_id)
+        if member is not None:
+            member.catching_up = False
+            member.reported = True
+            member.have = min(member.have, self.open_frame - 2 - self.settings.catchup_frames)
+
+    def on_block_delivered(self, peer_id: int) -> None:
+        member = self.members.get(peer_id)
+        if member is not None:
+            member.catching_up = False
+            member.have = max(member.have, member.block_end)
+
+    def _broadcast(self, channel: int, data: bytes) -> None:
+        for peer_id in self.members:
+            self.actions.append(Action("send", peer_id, channel, data))

@@ -1,0 +1,476 @@
+"""The relay server: the asyncio (uvloop) shell around relay_core and the rooms.
+
+One UDP socket feeds one relay_core Endpoint. Datagrams received in one loop iteration are all
+handed to the core before a single flush, which turns the core's events into room calls and
+sends what the core returns; a timer is armed at the core's next_timeout(). One tick loop
+closes a frame in every running room at the configured rate. Rooms are sans-I/O (room.py): this
+module only carries out what they ask for and reports it (logs, metrics, replays, admin API).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+from typing import Optional
+
+import relay
+from relay import protocol
+from relay.config import RelayConfig, RoomSettings
+from relay.errors import Conflict, NotFound, RelayError, Unavailable
+from relay.logs import get_logger
+from relay.metrics import Metrics
+from relay.protocol import CONTROL, STREAM, Checksum, Input, Join, ProtocolError
+from relay.replay import ReplayWriter
+from relay.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room
+from relay.scheduler import TickScheduler
+from relay.transport import EndpointDriver, open_driver
+from relay_core import (
+    BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
+    PeerDisconnected,
+)
+
+ROOM_OPTIONS = {"capacity", "start_policy", "start_players"}
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def endpoint_config(config: RelayConfig) -> EndpointConfig:
+    rooms = config.rooms
+    return EndpointConfig(
+        accept_connections=True,
+        channels=protocol.endpoint_channels(),
+        mtu=config.server.mtu,
+        max_peers=config.server.max_peers,
+        peer_timeout=rooms.player_timeout,
+        heartbeat_interval=min(0.5, rooms.player_timeout / 4),
+        # Acks ride on the next tick's frame instead of going out alone.
+        ack_delay=1.0 / config.server.tick_rate,
+        max_block_size=32 * 1024 * 1024,
+        block_memory_limit=64 * 1024 * 1024,
+    )
+
+
+class RelayServer:
+    def __init__(self, config: RelayConfig, metrics: Optional[Metrics] = None):
+        self.config = config
+        self.settings: RoomSettings = config.rooms
+        self.tick_rate = config.server.tick_rate
+        self.metrics = metrics or Metrics()
+        self.log = get_logger("relay.server")
+        self.endpoint = Endpoint(endpoint_config(config))
+        self.rooms: dict[str, Room] = {}
+        self.peer_room: dict[int, str] = {}
+        self.replays: dict[str, ReplayWriter] = {}
+        self.notified: dict[int, set[str]] = {}
+        self.draining = False
+        self.stopping = False
+        self.started_at = time.time()
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.driver: Optional[EndpointDriver] = None
+        self.udp_address: Optional[tuple] = None
+        self.http_port: Optional[int] = None
+        self._http_runner = None
+        self._scheduler: Optional[TickScheduler] = None
+        self._stats_task: Optional[asyncio.Task] = None
+        self._peer_totals: dict[int, tuple[int, int]] = {}
+        self.stopped = asyncio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from relay.http import start_http
+
+        self.loop = asyncio.get_running_loop()
+        server = self.config.server
+        self.driver = await open_driver(
+            self.endpoint, (server.udp_host, server.udp_port), self._process_events,
+            on_received=self._count_received, on_sent=self._count_sent,
+            on_error=lambda exc: self.log.debug("udp_error", error=str(exc)))
+        self.udp_address = self.driver.transport.get_extra_info("sockname")[:2]
+        self._http_runner, self.http_port = await start_http(self, self.metrics, server.http_host,
+                                                             server.http_port)
+        self._scheduler = TickScheduler(self.tick_rate, self._tick, self.metrics)
+        self._scheduler.start()
+        self._stats_task = self.loop.create_task(self._stats_loop())
+        self.log.info("started", udp=f"{self.udp_address[0]}:{self.udp_address[1]}",
+                      http=f"{server.http_host}:{self.http_port}", tick_rate=self.tick_rate,
+                      auto_create=self.settings.auto_create, replays=self.config.replay.enabled,
+                      version=relay.__version__)
+
+    async def stop(self, reason: str = "shutdown") -> None:
+        """Stop taking work, end every room (clients are told why), flush replays, close."""
+        if self.stopping:
+            await self.stopped.wait()
+            return
+        self.stopping = True
+        self.draining = True
+        self.metrics.draining.set(1)
+        self.log.info("stopping", reason=reason, rooms=len(self.rooms), peers=self.endpoint.peer_count)
+        if self._scheduler is not None:
+            await self._scheduler.stop()
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        for room in list(self.rooms.values()):
+            room.end(reason)
+            self._drain(room)
+        self._flush()
+        for peer_id in self.endpoint.peer_ids:
+            self.endpoint.disconnect(peer_id, "shutdown")
+        self._flush()
+        for room_id in list(self.replays):
+            self._close_replay(room_id, reason)
+        if self._http_runner is not None:
+            from relay.http import stop_http
+
+            await stop_http(self._http_runner)
+        if self.driver is not None:
+            self.driver.close()
+        self.log.info("stopped", reason=reason)
+        self.stopped.set()
+
+    # -- datagrams --------------------------------------------------------------------------
+
+    def _count_received(self, size: int) -> None:
+        self.metrics.datagrams_received.inc()
+        self.metrics.bytes_received.inc(size)
+
+    def _count_sent(self, count: int, size: int) -> None:
+        self.metrics.datagrams_sent.inc(count)
+        self.metrics.bytes_sent.inc(size)
+
+    def _flush(self) -> None:
+        if self.driver is not None:
+            self.driver.flush()
+
+    # -- core events ------------------------------------------------------------------------
+
+    def _process_events(self, now: float) -> None:
+        endpoint = self.endpoint
+        while (event := endpoint.next_event()) is not None:
+            kind = type(event)
+            if kind is MessageReceived:
+                self._on_message(event.peer_id, event.channel, event.payload, now)
+            elif kind is PeerConnected:
+                self.log.debug("peer_connected", peer=event.peer_id, address=str(event.address))
+            elif kind is PeerDisconnected:
+                self._on_disconnect(event.peer_id, event.reason, now)
+            elif kind is BlockDelivered:
+                room = self._room_of(event.peer_id)
+                if room is not None:
+                    room.on_block_delivered(event.peer_id)
+                self.metrics.blocks.labels(outcome="delivered").inc()
+            elif kind is BlockReceived:
+                self._drop(event.peer_id, "unexpected_block", "clients do not send blocks")
+
+    def _on_disconnect(self, peer_id: int, reason: str, now: float) -> None:
+        self.notified.pop(peer_id, None)
+        self._peer_totals.pop(peer_id, None)
+        room = self._room_of(peer_id)
+        self.peer_room.pop(peer_id, None)
+        if room is not None:
+            room.detach(peer_id, "timeout" if reason == "timeout" else reason, now)
+            self._drain(room)
+        self.log.info("peer_disconnected", peer=peer_id, reason=reason,
+                      room=room.room_id if room else None)
+
+    def _on_message(self, peer_id: int, channel: int, payload: bytes, now: float) -> None:
+        try:
+            message = protocol.decode_client_message(payload)
+        except ProtocolError as error:
+            self._drop(peer_id, "malformed_message", str(error), notice_code=error.code)
+            return
+        room = self._room_of(peer_id)
+        if isinstance(message, Input):
+            if channel != STREAM or room is None:
+                self._refuse_input(peer_id, "not_a_player")
+                return
+            outcome = room.on_input(peer_id, message)
+            if outcome.startswith("refused:"):
+                self._refuse_input(peer_id, outcome[8:])
+            else:
+                self.metrics.inputs.labels(outcome=outcome).inc()
+            return
+        if channel != CONTROL:
+            self._drop(peer_id, "wrong_channel", "control messages go on channel 0")
+            return
+        if isinstance(message, Join):
+            self._on_join(peer_id, message, now)
+        elif room is None:
+            self._notice(peer_id, "not_joined", "join a room first")
+        elif isinstance(message, Checksum):
+            room.on_checksum(peer_id, message)
+        elif message == protocol.READY:
+            room.set_ready(peer_id, now)
+        elif message == protocol.LEAVE:
+            room.detach(peer_id, "leave", now)
+            self.peer_room.pop(peer_id, None)
+        if room is not None:
+            self._drain(room)
+
+    def _on_join(self, peer_id: int, join: Join, now: float) -> None:
+        if peer_id in self.peer_room:
+            self._refuse(peer_id, "already_joined", f"this connection is already in room "
+                                                    f"{self.peer_room[peer_id]}")
+            return
+        if self.draining:
+            self._refuse(peer_id, "draining", "the relay is shutting down; try another relay")
+            return
+        room = self.rooms.get(join.room)
+        if room is None:
+            if not self.settings.auto_create:
+                self._refuse(peer_id, "unknown_room", f"room {join.room} does not exist")
+                return
+            try:
+                room = self._create_room(join.room, {}, now)
+            except RelayError as error:
+                self._refuse(peer_id, error.code, str(error))
+                return
+        try:
+            member = room.join(peer_id, join.player, join.spectator, now)
+        except JoinRefused as refusal:
+            self._refuse(peer_id, refusal.code, str(refusal))
+            return
+        self.peer_room[peer_id] = room.room_id
+        outcome = "spectator" if member.spectator else "joined"
+        self.metrics.joins.labels(outcome=outcome).inc()
+        self._drain(room)
+
+    def _refuse(self, peer_id: int, code: str, text: str) -> None:
+        self.metrics.joins.labels(outcome="refused").inc()
+        self.metrics.refusals.labels(reason=code).inc()
+        self.endpoint.send(peer_id, CONTROL, protocol.refused(code, text))
+        self.log.info("join_refused", peer=peer_id, reason=code, detail=text)
+
+    def _refuse_input(self, peer_id: int, reason: str) -> None:
+        self.metrics.inputs.labels(outcome="refused").inc()
+        self.metrics.inputs_refused.labels(reason=reason).inc()
+        if reason in ("too_large", "not_a_player"):
+            self._notice(peer_id, f"input_{reason}", f"input refused: {reason}")
+
+    def _drop(self, peer_id: int, reason: str, detail: str, notice_code: Optional[str] = None) -> None:
+        self.metrics.drops.labels(reason=reason).inc()
+        self.log.debug("message_dropped", peer=peer_id, reason=reason, detail=detail)
+        if notice_code is not None:
+            self._notice(peer_id, notice_code, detail)
+
+    def _notice(self, peer_id: int, code: str, text: str) -> None:
+        """Tell a client once per kind of mistake (a flood of bad messages gets one answer)."""
+        seen = self.notified.setdefault(peer_id, set())
+        if code not in seen:
+            seen.add(code)
+            self.endpoint.send(peer_id, CONTROL, protocol.notice(code, text))
+
+    def _room_of(self, peer_id: int) -> Optional[Room]:
+        room_id = self.peer_room.get(peer_id)
+        return self.rooms.get(room_id) if room_id is not None else None
+
+    # -- rooms ------------------------------------------------------------------------------
+
+    def _create_room(self, room_id: str, options: dict, now: float) -> Room:
+        if self.draining:
+            raise Unavailable("the relay is draining and creates no rooms")
+        if room_id in self.rooms:
+            raise Conflict(f"room {room_id} exists", "room_exists")
+        if len(self.rooms) >= self.settings.max_rooms:
+            raise Unavailable(f"the relay already has {self.settings.max_rooms} rooms", "too_many_rooms")
+        unknown = set(options) - ROOM_OPTIONS
+        if unknown:
+            raise RelayError(f"unknown room option {sorted(unknown)[0]!r}; allowed: "
+                             f"{', '.join(sorted(ROOM_OPTIONS))}", "bad_option")
+        capacity = options.get("capacity", self.settings.capacity)
+        policy = options.get("start_policy", self.settings.start_policy)
+        start_players = options.get("start_players", min(self.settings.start_players, capacity)
+                                    if isinstance(capacity, int) else None)
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or not 1 <= capacity <= 256:
+            raise RelayError(f"capacity={capacity!r}: an integer in 1..256", "bad_option")
+        if policy not in ("players", "ready", "admin"):
+            raise RelayError(f"start_policy={policy!r}: players, ready or admin", "bad_option")
+        if (not isinstance(start_players, int) or isinstance(start_players, bool)
+                or not 1 <= start_players <= capacity):
+            raise RelayError(f"start_players={start_players!r}: an integer in 1..{capacity}", "bad_option")
+        room = Room(room_id, self.settings, self.tick_rate, now, start_policy=policy,
+                    start_players=start_players, capacity=capacity)
+        self.rooms[room_id] = room
+        self.log.info("room_created", room=room_id, capacity=capacity, start_policy=policy,
+                      start_players=start_players)
+        return room
+
+    def _drain(self, room: Room) -> None:
+        """Carry out what a room asked for, and report what happened in it."""
+        for action in room.take_actions():
+            self._execute(room, action)
+        for event in room.take_events():
+            self._report(room, event)
+
+    def _execute(self, room: Room, action: Action) -> None:
+        if action.kind == "send":
+            if not self.endpoint.send(action.peer_id, action.channel, action.data):
+                if action.channel == STREAM and self.endpoint.is_connected(action.peer_id):
+                    room.on_send_failed(action.peer_id)
+        elif action.kind == "block":
+            if self.endpoint.send_block(action.peer_id, action.data):
+                self.metrics.blocks.labels(outcome="started").inc()
+            else:
+                room.on_send_failed(action.peer_id)
+        elif action.kind == "disconnect":
+            self.peer_room.pop(action.peer_id, None)
+            self.endpoint.disconnect(action.peer_id, action.reason)
+
+    def _report(self, room: Room, event) -> None:
+        detail = event.detail
+        if event.kind == "frame":
+            writer = self.replays.get(room.room_id)
+            if writer is not None:
+                before = writer.bytes_written
+                writer.append_frame(detail["frame"], detail["data"])
+                self.metrics.replay_bytes.inc(writer.bytes_written - before)
+            return
+        if event.kind == "started":
+            self._open_replay(room)
+        elif event.kind == "ended":
+            self._close_replay(room.room_id, detail["reason"])
+        elif event.kind == "desync":
+            self.metrics.desyncs.inc()
+            writer = self.replays.get(room.room_id)
+            if writer is not None:
+                writer.append_event(detail["frame"], "desync", detail)
+            self.log.warning("desync", room=room.room_id, frame=detail["frame"],
+                             checksums=detail["checksums"], minority=detail["minority"])
+            return
+        elif event.kind == "reconnected":
+            self.metrics.joins.labels(outcome="reconnected").inc()
+        self.log.info(event.kind, room=room.room_id, **detail)
+
+    def _open_replay(self, room: Room) -> None:
+        settings = self.config.replay
+        if not settings.enabled:
+            return
+        directory = Path(settings.directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            name = f"{_SAFE_NAME.sub('_', room.room_id)}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.replay"
+            self.replays[room.room_id] = ReplayWriter(
+                directory / name, room=room.room_id, tick_rate=self.tick_rate,
+                players=[slot.player for slot in room.slots], relay_version=relay.__version__,
+                max_bytes=settings.max_bytes)
+        except OSError as error:
+            self.log.error("replay_open_failed", room=room.room_id, error=str(error))
+
+    def _close_replay(self, room_id: str, reason: str) -> None:
+        writer = self.replays.pop(room_id, None)
+        if writer is not None:
+            writer.close(reason)
+            self.log.info("replay_closed", room=room_id, frames=writer.frames,
+                          bytes=writer.bytes_written, truncated=writer.truncated)
+
+    # -- ticks ------------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        for room in list(self.rooms.values()):
+            if room.tick(now) is not None:
+                self.metrics.frames_closed.inc()
+                self.metrics.frames_broadcast.inc(len(room.members))
+            if room.expired(now):
+                room.end("empty")
+            self._drain(room)
+            if room.state == ENDED:
+                self._remove_room(room)
+        self._flush()
+
+    def _remove_room(self, room: Room) -> None:
+        del self.rooms[room.room_id]
+        for peer_id in list(room.members):
+            self.peer_room.pop(peer_id, None)
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self._sync_stats()
+            except Exception:        # never let metrics kill the server
+                self.log.exception("stats_failed")
+
+    def _sync_stats(self) -> None:
+        metrics = self.metrics
+        metrics.peers.set(self.endpoint.peer_count)
+        counts = {WAITING: 0, RUNNING: 0, ENDED: 0}
+        for room in self.rooms.values():
+            counts[room.state] += 1
+        for state, count in counts.items():
+            metrics.rooms.labels(state=state).set(count)
+        metrics.sync_drops(self.endpoint.drops)
+        resends = redundant = 0
+        losses = []
+        for peer_id in self.endpoint.peer_ids:
+            stats = self.endpoint.peer_stats(peer_id)
+            before = self._peer_totals.get(peer_id, (0, 0))
+            resends += stats.resends - before[0]
+            redundant += stats.redundant_bytes - before[1]
+            self._peer_totals[peer_id] = (stats.resends, stats.redundant_bytes)
+            if stats.rtt > 0:
+                metrics.rtt.observe(stats.rtt)
+            losses.append(stats.loss)
+        metrics.resends.inc(max(0, resends))
+        metrics.redundant_bytes.inc(max(0, redundant))
+        metrics.loss.set(sum(losses) / len(losses) if losses else 0.0)
+
+    # -- admin API (called by relay.http on the loop thread) ---------------------------------
+
+    def health(self) -> dict:
+        return {"status": "ok", "version": relay.__version__,
+                "uptime_s": round(time.time() - self.started_at, 3),
+                "rooms": len(self.rooms), "peers": self.endpoint.peer_count,
+                "draining": self.draining}
+
+    def ready(self) -> bool:
+        return not self.draining and self.driver is not None
+
+    def list_rooms(self) -> list[dict]:
+        return [room.info() for room in self.rooms.values()]
+
+    def room_info(self, room_id: str) -> dict:
+        return self._get_room(room_id).info()
+
+    def create_room(self, room_id: str, **options) -> dict:
+        room = self._create_room(room_id, options, self.loop.time())
+        return room.info()
+
+    def start_room(self, room_id: str) -> dict:
+        room = self._get_room(room_id)
+        if room.state != WAITING:
+            raise Conflict(f"room {room_id} is {room.state}, not waiting", "not_waiting")
+        room.start(self.loop.time())
+        self._drain(room)
+        self._flush()
+        return room.info()
+
+    def end_room(self, room_id: str, reason: str = "admin") -> dict:
+        room = self._get_room(room_id)
+        room.end(reason)
+        self._drain(room)
+        self._remove_room(room)
+        self._flush()
+        return room.info()
+
+    def kick(self, room_id: str, player: str) -> dict:
+        room = self._get_room(room_id)
+        if room.kick(player, self.loop.time()) is None and not any(
+                slot.player == player for slot in room.slots):
+            raise NotFound(f"player {player} is not in room {room_id}", "player_not_found")
+        self._drain(room)
+        self._flush()
+        return room.info()
+
+    def drain(self) -> dict:
+        if not self.draining:
+            self.draining = True
+            self.metrics.draining.set(1)
+            self.log.info("draining", rooms=len(self.rooms))
+        return {"draining": True, "rooms": len(self.rooms)}
+
+    def _get_room(self, room_id: str) -> Room:
+        room = self.rooms.get(room_id)
+        if room is None:
+            raise NotFound(f"room {room_id} does not exist", "room_not_found")
+        return room
