@@ -73,7 +73,6 @@ class RelayServer:
         self._http_runner = None
         self._scheduler: Optional[TickScheduler] = None
         self._stats_task: Optional[asyncio.Task] = None
-        self._peer_totals: dict[int, tuple[int, int]] = {}
         self.stopped = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -105,7 +104,7 @@ class RelayServer:
             return
         self.stopping = True
         self.draining = True
-        self.metrics.draining.set(1)
+        self.metrics.set_draining(True)
         self.log.info("stopping", reason=reason, rooms=len(self.rooms), peers=self.endpoint.peer_count)
         if self._scheduler is not None:
             await self._scheduler.stop()
@@ -165,7 +164,6 @@ class RelayServer:
 
     def _on_disconnect(self, peer_id: int, reason: str, now: float) -> None:
         self.notified.pop(peer_id, None)
-        self._peer_totals.pop(peer_id, None)
         room = self._room_of(peer_id)
         self.peer_room.pop(peer_id, None)
         if room is not None:
@@ -274,6 +272,10 @@ class RelayServer:
             raise Conflict(f"room {room_id} exists", "room_exists")
         if len(self.rooms) >= self.settings.max_rooms:
             raise Unavailable(f"the relay already has {self.settings.max_rooms} rooms", "too_many_rooms")
+        if options.get("tick_rate", self.tick_rate) != self.tick_rate:
+            raise RelayError(f"tick_rate={options['tick_rate']!r}: the tick rate is server-wide "
+                             f"({self.tick_rate} Hz, server.tick_rate)", "bad_option")
+        options = {k: v for k, v in options.items() if k != "tick_rate"}
         unknown = set(options) - ROOM_OPTIONS
         if unknown:
             raise RelayError(f"unknown room option {sorted(unknown)[0]!r}; allowed: "
@@ -397,23 +399,11 @@ class RelayServer:
         counts = {WAITING: 0, RUNNING: 0, ENDED: 0}
         for room in self.rooms.values():
             counts[room.state] += 1
-        for state, count in counts.items():
-            metrics.rooms.labels(state=state).set(count)
+        metrics.set_rooms(counts)
         metrics.sync_drops(self.endpoint.drops)
-        resends = redundant = 0
-        losses = []
-        for peer_id in self.endpoint.peer_ids:
-            stats = self.endpoint.peer_stats(peer_id)
-            before = self._peer_totals.get(peer_id, (0, 0))
-            resends += stats.resends - before[0]
-            redundant += stats.redundant_bytes - before[1]
-            self._peer_totals[peer_id] = (stats.resends, stats.redundant_bytes)
-            if stats.rtt > 0:
-                metrics.rtt.observe(stats.rtt)
-            losses.append(stats.loss)
-        metrics.resends.inc(max(0, resends))
-        metrics.redundant_bytes.inc(max(0, redundant))
-        metrics.loss.set(sum(losses) / len(losses) if losses else 0.0)
+        # Resends, redundant bytes, RTT and loss per peer (datagrams are counted at the socket).
+        endpoint = self.endpoint
+        metrics.sync_peers({peer_id: endpoint.peer_stats(peer_id) for peer_id in endpoint.peer_ids})
 
     # -- admin API (called by relay.http on the loop thread) ---------------------------------
 
@@ -465,7 +455,7 @@ class RelayServer:
     def drain(self) -> dict:
         if not self.draining:
             self.draining = True
-            self.metrics.draining.set(1)
+            self.metrics.set_draining(True)
             self.log.info("draining", rooms=len(self.rooms))
         return {"draining": True, "rooms": len(self.rooms)}
 

@@ -1,0 +1,279 @@
+"""The relay's HTTP side: health and readiness probes, ``/metrics``, and the admin API.
+
+Everything is JSON in and out. Every error — a refusal from the server (``RelayError``), a bad
+request body, an unknown route, a wrong method, an unexpected exception — is answered as
+``{"error": code, "message": text}`` with the matching status; exceptions are logged on
+``relay.http`` and never shown to the client.
+
+Routes::
+
+    GET    /health                -> 200 server.health()
+    GET    /ready                 -> 200 {"ready": true} | 503 {"ready": false}
+    GET    /metrics               -> Prometheus text exposition
+    GET    /rooms                 -> 200 {"rooms": [...]}
+    POST   /rooms                 {"room": id, "capacity"?, "start_policy"?, "start_players"?,
+                                   "tick_rate"?} -> 201 room
+    GET    /rooms/{room}          -> 200 room
+    DELETE /rooms/{room}          optional {"reason": text} -> 200 (ends the room)
+    POST   /rooms/{room}/start    -> 200
+    POST   /rooms/{room}/kick     {"player": name} -> 200
+    POST   /admin/drain           -> 200
+
+The server's methods are synchronous and run on the event loop thread, like the rest of the
+relay; they must not block.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from relay.errors import RelayError
+from relay.protocol import MAX_NAME_LENGTH
+
+log = logging.getLogger("relay.http")
+
+MAX_BODY_SIZE = 64 * 1024
+MAX_REASON_LENGTH = 256
+
+ROOM_OPTIONS: dict[str, type] = {
+    "capacity": int, "start_policy": str, "start_players": int, "tick_rate": int,
+}
+"""Options ``POST /rooms`` accepts besides ``room``, with their JSON types; the server checks
+their values."""
+
+PUBLIC_ROUTES = frozenset({"health", "ready", "metrics"})
+"""Route names that stay open when admin authentication exists (probes and scrapes)."""
+
+SERVER_KEY = web.AppKey("server", object)
+METRICS_KEY = web.AppKey("metrics", object)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(RelayError):
+    """A request body or parameter the API cannot use."""
+
+    status = 400
+    code = "bad_request"
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+def error_response(status: int, code: str, message: str,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status, headers=headers)
+
+
+def _http_error_code(status: int, reason: str) -> str:
+    """``404 Not Found`` -> ``not_found``, ``405 Method Not Allowed`` -> ``method_not_allowed``."""
+    return "_".join(reason.lower().replace("-", " ").split()) or f"http_{status}"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every way a request can fail into a JSON error body."""
+    try:
+        return await handler(request)
+    except RelayError as error:
+        return error_response(error.status, error.code, str(error))
+    except web.HTTPException as error:
+        if error.status < 400:          # redirects and the like pass through unchanged
+            raise
+        headers = {name: value for name, value in error.headers.items()
+                   if name.lower() in ("allow", "retry-after", "www-authenticate")}
+        message = error.reason
+        if error.status == 405:
+            message = f"method {request.method} not allowed; allowed: {headers.get('Allow', '')}"
+        elif error.status == 404:
+            message = f"no route for {request.path}"
+        elif error.status == 413:
+            message = f"request body larger than {MAX_BODY_SIZE} bytes"
+        return error_response(error.status, _http_error_code(error.status, error.reason),
+                              message, headers)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal server error")
+
+
+# -- authentication ----------------------------------------------------------------------------
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The place for admin authentication (not implemented yet: every request is allowed).
+
+    Bearer tokens go here: for a matched route whose name is not in ``PUBLIC_ROUTES``, check
+    the ``Authorization`` header and raise ``web.HTTPUnauthorized`` (the error middleware,
+    which runs outside this one, turns it into a JSON 401). Unknown routes and wrong methods
+    have no route name and fall through to their 404/405.
+    """
+    route_name = request.match_info.route.name
+    if route_name is not None and route_name not in PUBLIC_ROUTES:
+        pass        # authentication of admin routes goes here
+    return await handler(request)
+
+
+# -- request parsing ---------------------------------------------------------------------------
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def _json_body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}`` when ``optional``."""
+    raw = await request.read()
+    if not raw.strip():
+        if optional:
+            return {}
+        raise BadRequest("a JSON object body is required", code="bad_json")
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:   # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"the body is not valid JSON: {error}", code="bad_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object", code="bad_json")
+    return body
+
+
+def _check_keys(body: dict[str, Any], allowed: set[str] | frozenset[str] | dict) -> None:
+    for key in body:
+        if key not in allowed:
+            raise BadRequest(f"unknown field {key!r}", code="unknown_field")
+
+
+def _name(value: Any, what: str) -> str:
+    """A room id or player name: a non-empty string of at most MAX_NAME_LENGTH characters."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_LENGTH:
+        raise BadRequest(f"{what} must be a string of 1..{MAX_NAME_LENGTH} characters",
+                         code="bad_field")
+    return value
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    # JSON true/false are Python bools, and bool is a subclass of int: refuse them for ints.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = {int: "an integer", str: "a string"}.get(kind, kind.__name__)
+        raise BadRequest(f"{key} must be {expected}", code="bad_field")
+    return value
+
+
+def _room_param(request: web.Request) -> str:
+    return _name(request.match_info["room"], "room")
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+def _server(request: web.Request) -> Any:
+    return request.app[SERVER_KEY]
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response(_server(request).health())
+
+
+async def ready(request: web.Request) -> web.Response:
+    is_ready = bool(_server(request).ready())
+    return web.json_response({"ready": is_ready}, status=200 if is_ready else 503)
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def list_rooms(request: web.Request) -> web.Response:
+    return web.json_response({"rooms": _server(request).list_rooms()})
+
+
+async def create_room(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    _check_keys(body, {"room", *ROOM_OPTIONS})
+    if "room" not in body:
+        raise BadRequest("room is required", code="bad_field")
+    room_id = _name(body.pop("room"), "room")
+    options = {key: _typed(key, value, ROOM_OPTIONS[key]) for key, value in body.items()}
+    return web.json_response(_server(request).create_room(room_id, **options), status=201)
+
+
+async def room_info(request: web.Request) -> web.Response:
+    return web.json_response(_server(request).room_info(_room_param(request)))
+
+
+async def end_room(request: web.Request) -> web.Response:
+    room_id = _room_param(request)
+    body = await _json_body(request, optional=True)
+    _check_keys(body, {"reason"})
+    if "reason" in body:
+        reason = body["reason"]
+        if not isinstance(reason, str) or not 1 <= len(reason) <= MAX_REASON_LENGTH:
+            raise BadRequest(f"reason must be a string of 1..{MAX_REASON_LENGTH} characters",
+                             code="bad_field")
+        return web.json_response(_server(request).end_room(room_id, reason=reason))
+    return web.json_response(_server(request).end_room(room_id))
+
+
+async def start_room(request: web.Request) -> web.Response:
+    return web.json_response(_server(request).start_room(_room_param(request)))
+
+
+async def kick(request: web.Request) -> web.Response:
+    room_id = _room_param(request)
+    body = await _json_body(request)
+    _check_keys(body, {"player"})
+    if "player" not in body:
+        raise BadRequest("player is required", code="bad_field")
+    player = _name(body["player"], "player")
+    return web.json_response(_server(request).kick(room_id, player))
+
+
+async def drain(request: web.Request) -> web.Response:
+    return web.json_response(_server(request).drain())
+
+
+# -- application -------------------------------------------------------------------------------
+
+def create_app(server: Any, metrics: Any) -> web.Application:
+    """The aiohttp application serving ``server`` (see the module docstring for the routes)
+    and ``metrics.render()`` at ``/metrics``."""
+    app = web.Application(middlewares=[error_middleware, auth_middleware],
+                          client_max_size=MAX_BODY_SIZE)
+    app[SERVER_KEY] = server
+    app[METRICS_KEY] = metrics
+    router = app.router
+    router.add_get("/health", health, name="health")
+    router.add_get("/ready", ready, name="ready")
+    router.add_get("/metrics", serve_metrics, name="metrics")
+    router.add_get("/rooms", list_rooms, name="list_rooms")
+    router.add_post("/rooms", create_room, name="create_room")
+    router.add_get("/rooms/{room}", room_info, name="room_info")
+    router.add_delete("/rooms/{room}", end_room, name="end_room")
+    router.add_post("/rooms/{room}/start", start_room, name="start_room")
+    router.add_post("/rooms/{room}/kick", kick, name="kick")
+    router.add_post("/admin/drain", drain, name="drain")
+    return app
+
+
+async def start_http(server: Any, metrics: Any, host: str | None, port: int,
+                     *, shutdown_timeout: float = 5.0) -> tuple[web.AppRunner, int]:
+    """Serve the app on ``host:port`` (port 0 picks a free one); returns the runner, for
+    ``stop_http``, and the port actually bound (of the first socket, if ``host`` resolves to
+    several addresses)."""
+    runner = web.AppRunner(create_app(server, metrics), shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_port = runner.addresses[0][1]
+    log.info("admin http listening on %s:%d", host or "*", bound_port)
+    return runner, bound_port
+
+
+async def stop_http(runner: web.AppRunner) -> None:
+    """Stop listening and close connections, letting requests in flight finish (up to the
+    runner's shutdown timeout)."""
+    await runner.cleanup()
