@@ -1,0 +1,316 @@
+"""End to end over real UDP sockets on loopback, through the user-space link emulator."""
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from relay import protocol
+from relay.client import RelayClient, RelayError
+from relay.config import load_config
+from relay.netem import LinkSettings, Netem
+from relay.replay import ReplayReader
+from relay.server import RelayServer
+
+BAD_LINK = LinkSettings(loss=10, delay=20, jitter=10)
+
+
+def server_config(tmp_path, **rooms):
+    environ = {"RELAY_SERVER_UDP_HOST": "127.0.0.1", "RELAY_SERVER_UDP_PORT": "0",
+               "RELAY_SERVER_HTTP_PORT": "0", "RELAY_REPLAY_DIRECTORY": str(tmp_path / "replays")}
+    environ.update({f"RELAY_ROOMS_{key.upper()}": str(value) for key, value in rooms.items()})
+    return load_config(environ=environ)
+
+
+class Player:
+    """A bot-like player: inputs N + delay on frame N, remembers every frame it saw."""
+
+    def __init__(self, client: RelayClient, name: str, input_delay: int = 2):
+        self.client = client
+        self.name = name
+        self.delay = input_delay
+        self.frames: list = []
+        self.last_sent = -1
+
+    def send(self, frame_number: int) -> None:
+        if frame_number > self.last_sent:
+            self.last_sent = frame_number
+            self.client.send_input(frame_number, f"{self.name}:{frame_number}".encode())
+
+    async def play_until(self, last_frame: int, timeout: float) -> None:
+        for ahead in range(self.delay):
+            self.send(self.client.welcome.next_frame + ahead)
+        while not self.frames or self.frames[-1].number < last_frame:
+            frame = await self.client.next_frame_or_none(timeout=timeout)
+            assert frame is not None, f"{self.name}: stream ended at {len(self.frames)} frames"
+            self.frames.append(frame)
+            self.send(frame.number + self.delay)
+
+
+def digest(frames):
+    return [hashlib.blake2b(f.encode(), digest_size=8).hexdigest() for f in frames]
+
+
+async def running_server(tmp_path, **rooms):
+    server = RelayServer(server_config(tmp_path, **rooms))
+    await server.start()
+    return server
+
+
+def test_four_players_over_a_lossy_link_see_every_frame_once_in_order(tmp_path):
+    async def scenario():
+        server = await running_server(tmp_path, start_players=4, player_timeout=2.0)
+        emulators = []
+        players = []
+        try:
+            for i in range(4):
+                netem = Netem(("127.0.0.1", 0), server.udp_address, up=BAD_LINK, down=BAD_LINK, seed=i)
+                await netem.start()
+                emulators.append(netem)
+            clients = await asyncio.gather(*[
+                RelayClient.connect(*emulators[i].listen_address, "match", f"p{i}", timeout=10)
+                for i in range(4)])
+            # 4 frames (133 ms) of input delay cover a 40-60 ms round trip plus a repair.
+            players = [Player(client, f"p{i}", input_delay=4) for i, client in enumerate(clients)]
+            for player in players:
+                await player.client.wait_for_state("running")
+            frames_wanted = 20 * 30
+            await asyncio.gather(*[p.play_until(frames_wanted, timeout=5) for p in players])
+
+            # A late joiner gets the whole history, then the live stream.
+            late_netem = Netem(("127.0.0.1", 0), server.udp_address, up=BAD_LINK, down=BAD_LINK, seed=9)
+            await late_netem.start()
+            emulators.append(late_netem)
+            late = Player(await RelayClient.connect(*late_netem.listen_address, "match", "late",
+                                                    timeout=10), "late")
+            history = late.client.welcome.history
+            assert history > frames_wanted
+            target = history + 30
+            await asyncio.gather(late.play_until(target, 10), *[p.play_until(target, 5) for p in players])
+
+            for player in players + [late]:
+                numbers = [f.number for f in player.frames]
+                assert numbers[: target + 1] == list(range(target + 1)), player.name
+            reference = digest(players[0].frames[: target + 1])
+            for player in players[1:] + [late]:
+                assert digest(player.frames[: target + 1]) == reference, player.name
+            # Inputs made it into their frames despite 10 % loss each way.
+            own = sum(1 for f in players[0].frames[10:frames_wanted] if f.inputs[0] is not None)
+            assert own > 0.95 * (frames_wanted - 10)
+            assert set(server.endpoint.drops) <= {"duplicate_packet"}, server.endpoint.drops
+        finally:
+            for player in players:
+                await player.client.close()
+            await server.stop()
+            for netem in emulators:
+                await netem.stop()
+
+    asyncio.run(scenario())
+
+
+def test_killed_client_times_out_and_the_room_goes_on_then_reconnects_without_gap(tmp_path):
+    async def scenario():
+        server = await running_server(tmp_path, player_timeout=1.0, reconnect_grace=30)
+        host, port = server.udp_address
+        a = Player(await RelayClient.connect(host, port, "r", "alice"), "a")
+        b = Player(await RelayClient.connect(host, port, "r", "bob"), "b")
+        try:
+            await a.client.wait_for_state("running")
+            await asyncio.gather(a.play_until(30, 5), b.play_until(30, 5))
+            b.client.driver.close()            # killed: no LEAVE, no DISCONNECT
+            await a.play_until(30 + 3 * 30, 5)      # three seconds later the room still runs
+            events = [e for f in a.frames for e in f.events]
+            assert ["timeout", 1, "bob"] in events
+            timed_out_at = next(f.number for f in a.frames if ["timeout", 1, "bob"] in f.events)
+            assert all(f.inputs[1] is None for f in a.frames if f.number > timed_out_at)
+
+            # bob comes back from a new socket: same slot, no gap, no duplicate.
+            seen = b.frames[-1].number
+            await b.client.reconnect()
+            assert b.client.welcome.slot == 1
+            await asyncio.gather(b.play_until(a.frames[-1].number + 30, 5),
+                                 a.play_until(a.frames[-1].number + 30, 5))
+            numbers = [f.number for f in b.frames]
+            assert numbers == list(range(len(numbers))), "gap or duplicate after reconnect"
+            assert numbers[-1] > seen
+            assert any(["reconnect", 1, "bob"] in f.events for f in a.frames)
+            assert digest(b.frames) == digest(a.frames[: len(b.frames)])
+        finally:
+            await a.client.close()
+            await b.client.close()
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_checksum_mismatch_is_reported_to_the_room_and_counted(tmp_path):
+    async def scenario():
+        server = await running_server(tmp_path, start_players=3)
+        host, port = server.udp_address
+        players = [Player(await RelayClient.connect(host, port, "d", name), name)
+                   for name in ("ann", "ben", "cat")]
+        try:
+            await players[0].client.wait_for_state("running")
+            await asyncio.gather(*[p.play_until(10, 5) for p in players])
+            for player in players:
+                value = 1234 if player.name != "cat" else 9999
+                player.client.report_checksum(5, value)
+            await asyncio.gather(*[p.play_until(40, 5) for p in players])
+            for player in players:
+                assert player.client.desyncs == [[5, {"ann": 1234, "ben": 1234, "cat": 9999}, ["cat"]]]
+            metrics = server.metrics.render()[0].decode()
+            assert "relay_desyncs_total 1.0" in metrics
+        finally:
+            for player in players:
+                await player.client.close()
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_bad_input_gets_an_error_or_a_counted_drop_while_the_room_keeps_running(tmp_path):
+    async def scenario():
+        server = await running_server(tmp_path, max_input_bytes=32)
+        host, port = server.udp_address
+        a = Player(await RelayClient.connect(host, port, "x", "a"), "a")
+        b = Player(await RelayClient.connect(host, port, "x", "b"), "b")
+        try:
+            await a.client.wait_for_state("running")
+            await asyncio.gather(a.play_until(10, 5), b.play_until(10, 5))
+            # Garbage datagrams from a stranger and from a player's own socket.
+            stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            for datagram in (b"", b"\x00" * 3, b"RL\x01\x06" + os.urandom(40), os.urandom(1400)):
+                stranger.sendto(datagram, (host, port))
+                a.client.driver.transport.sendto(datagram, (host, port))
+            stranger.close()
+            # Oversized input and a message that is not msgpack, over the real protocol.
+            a.client.send_input(a.frames[-1].number + 5, bytes(100))
+            a.client.endpoint.send(a.client.peer_id, protocol.CONTROL, b"\xc1 not msgpack")
+            a.client.driver.request_flush()
+            await asyncio.gather(a.play_until(60, 5), b.play_until(60, 5))
+            assert [f.number for f in a.frames] == list(range(len(a.frames)))
+            codes = [notice[0] for notice in a.client.notices]
+            assert "input_too_large" in codes and "malformed" in codes
+            metrics = server.metrics.render()[0].decode()
+            assert 'relay_inputs_refused_total{reason="too_large"} 1.0' in metrics
+            assert 'relay_dropped_datagrams_total{reason="malformed_message"} 1.0' in metrics
+            assert server.rooms["x"].state == "running"
+
+            # Bad admin requests get JSON errors.
+            base = f"http://127.0.0.1:{server.http_port}"
+
+            def request(method, path, body=None):
+                data = None if body is None else json.dumps(body).encode()
+                req = urllib.request.Request(base + path, data=data, method=method,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as response:
+                        return response.status, json.loads(response.read())
+                except urllib.error.HTTPError as error:
+                    return error.code, json.loads(error.read())
+
+            loop = asyncio.get_running_loop()
+            status, body = await loop.run_in_executor(None, request, "GET", "/rooms/nope")
+            assert status == 404 and body["error"] == "room_not_found"
+            status, body = await loop.run_in_executor(None, request, "POST", "/rooms", {"room": "x"})
+            assert status == 409
+            status, body = await loop.run_in_executor(None, request, "POST", "/rooms",
+                                                      {"room": "y", "capacity": 0})
+            assert status == 400 and "capacity" in body["message"]
+            status, body = await loop.run_in_executor(None, request, "POST", "/rooms/x/kick",
+                                                      {"player": "nobody"})
+            assert status == 404
+            await asyncio.gather(a.play_until(90, 5), b.play_until(90, 5))
+        finally:
+            await a.client.close()
+            await b.client.close()
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_spectator_receives_the_stream_with_its_delay(tmp_path):
+    async def scenario():
+        server = await running_server(tmp_path, spectator_delay=15)
+        host, port = server.udp_address
+        a = Player(await RelayClient.connect(host, port, "s", "a"), "a")
+        b = Player(await RelayClient.connect(host, port, "s", "b"), "b")
+        try:
+            await a.client.wait_for_state("running")
+            await asyncio.gather(a.play_until(40, 5), b.play_until(40, 5))
+            watcher = await RelayClient.connect(host, port, "s", "watcher", spectator=True)
+            live_at_join = a.frames[-1].number
+            assert watcher.welcome.slot is None
+            assert watcher.welcome.history <= live_at_join + 1 - 15
+            seen = []
+            async def watch():
+                while len(seen) < 60:
+                    frame = await watcher.next_frame_or_none(timeout=5)
+                    seen.append((frame.number, time.monotonic()))
+            await asyncio.gather(watch(), a.play_until(120, 5), b.play_until(120, 5))
+            assert [n for n, _ in seen] == list(range(60))
+            assert digest([a.frames[n] for n, _ in seen]) == digest(
+                [f for f in a.frames[:60]])
+            # The spectator trails the players by the delay (15 frames = 0.5 s at 30 Hz).
+            newest = seen[-1][0]
+            assert a.frames[-1].number - newest >= 14
+            await watcher.close()
+        finally:
+            await a.client.close()
+            await b.client.close()
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
+def free_port(kind=socket.SOCK_DGRAM):
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_sigterm_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path):
+    udp_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
+    env = dict(os.environ, RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(udp_port),
+               RELAY_SERVER_HTTP_PORT=str(http_port), RELAY_REPLAY_DIRECTORY=str(tmp_path),
+               RELAY_SERVER_LOG_FORMAT="json")
+    process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        async def scenario():
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    a = await RelayClient.connect("127.0.0.1", udp_port, "final", "a", timeout=1)
+                    break
+                except RelayError:
+                    assert time.monotonic() < deadline, "relay serve did not come up"
+            b = await RelayClient.connect("127.0.0.1", udp_port, "final", "b")
+            pa, pb = Player(a, "a"), Player(b, "b")
+            await a.wait_for_state("running")
+            await asyncio.gather(pa.play_until(45, 5), pb.play_until(45, 5))
+            process.send_signal(signal.SIGTERM)
+            await a.wait_for_state("ended", timeout=5)
+            return a
+        client = asyncio.run(scenario())
+        assert process.wait(timeout=15) == 0
+        assert client.final_frames >= 46
+        _, stderr = process.communicate(timeout=5)
+        lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+        assert any(line["event"] == "stopped" for line in lines)
+        [replay] = list(tmp_path.glob("*.replay"))
+        reader = ReplayReader(replay)
+        frames = list(reader.frames())
+        assert reader.complete and reader.end["reason"] == "shutdown"
+        assert [n for n, _ in frames] == list(range(len(frames)))
+        assert len(frames) == client.final_frames
+    finally:
+        if process.poll() is None:
+            process.kill()
