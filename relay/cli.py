@@ -69,15 +69,14 @@ def main(argv: list[str] | None = None) -> int:
 
     bot_parser = sub.add_parser("bot", help="headless bots that play and verify a room")
     bot.add_arguments(bot_parser)
-    bot_parser.set_defaults(func=lambda args: bot.run_from_args(args))
+    bot_parser.set_defaults(func=bot.run_from_args)
 
     netem_parser = sub.add_parser("netem", help="user-space UDP link emulator (loss, delay, jitter)")
     netem.add_arguments(netem_parser)
-    netem_parser.set_defaults(func=lambda args: netem.run_from_args(args))
+    netem_parser.set_defaults(func=netem.run)
 
     replay_parser = sub.add_parser("replay", help="inspect replay files")
-    replay.add_arguments(replay_parser)
-    replay_parser.set_defaults(func=lambda args: replay.run_from_args(args))
+    replay.add_arguments(replay_parser)         # its subcommands set func
 
     sub.add_parser("info", help="print the version and the compiled core in use").set_defaults(func=_info)
     args = parser.parse_args(argv)

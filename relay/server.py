@@ -325,7 +325,13 @@ class RelayServer:
             writer = self.replays.get(room.room_id)
             if writer is not None:
                 before = writer.bytes_written
-                writer.append_frame(detail["frame"], detail["data"])
+                try:
+                    writer.append_frame(detail["frame"], detail["data"])
+                except (OSError, ValueError) as error:
+                    # A full disk ends the replay, never the match.
+                    self.replays.pop(room.room_id, None)
+                    self.log.error("replay_write_failed", room=room.room_id, error=str(error))
+                    return
                 self.metrics.replay_bytes.inc(writer.bytes_written - before)
             return
         if event.kind == "started":

@@ -25,7 +25,8 @@ class EndpointDriver(asyncio.DatagramProtocol):
         self.transport: Optional[asyncio.DatagramTransport] = None
         self.loop = asyncio.get_running_loop()
         self._flush_pending = False
-        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer: Optional[asyncio.Handle] = None
+        self._timer_deadline = 0.0      # uvloop hands back a plain Handle (no when()) for past times
         self.closed = asyncio.Event()
 
     # asyncio callbacks
@@ -79,11 +80,12 @@ class EndpointDriver(asyncio.DatagramProtocol):
     def _arm_timer(self, now: float) -> None:
         deadline = self.endpoint.next_timeout()
         if self._timer is not None:
-            if deadline is not None and abs(self._timer.when() - deadline) < 0.0005:
+            if deadline is not None and abs(self._timer_deadline - deadline) < 0.0005:
                 return
             self._timer.cancel()
             self._timer = None
         if deadline is not None:
+            self._timer_deadline = deadline
             self._timer = self.loop.call_at(max(deadline, now), self._on_timer)
 
     def _on_timer(self) -> None:

@@ -1,0 +1,766 @@
+"""Replay files: a match's frame stream, appended as the match runs.
+
+``ReplayWriter`` appends each FRAME message the relay broadcasts (plus notable events) to one file
+per match; ``ReplayReader`` reads it back, streaming; ``summarize`` / ``relay replay inspect FILE``
+report what a file holds. Only msgpack and zlib are used, so a replay is easy to read from any
+language.
+
+File format (version 1)
+=======================
+
+A replay file is::
+
+    magic     the 10 bytes b"RLREPLAY1\\n" (hex 52 4C 52 45 50 4C 41 59 31 0A); the digit before the
+              newline is the format version
+    stream    from offset 10 to the end of the file: exactly one zlib stream (RFC 1950: 2-byte
+              zlib header, raw DEFLATE data (RFC 1951), 4-byte big-endian Adler-32 of the
+              uncompressed data), as made by ``zlib.compressobj()`` with default parameters
+              (level 6, 32 KiB window). Nothing follows the stream.
+
+The uncompressed stream is a plain concatenation of msgpack objects ("records") with no length
+prefixes or separators: decode one msgpack object after another until the data ends. Every
+record is a msgpack map with string keys; strings use the msgpack str family (UTF-8), binary data
+the bin family (``use_bin_type=True``). The key ``"t"`` names the record type:
+
+    header  {"t": "header", "version": 1, "room": str, "tick_rate": int (frames per second),
+             "started_at": float (unix time, seconds), "players": [str or nil, ...] (player name
+             by slot when the match started), "relay_version": str}
+            Always the first record, exactly once.
+    frame   {"t": "frame", "n": int, "data": bin}
+            ``data`` is the exact FRAME message the relay sent to clients: the msgpack array
+            ``[30, frame_number, inputs, events]`` (see relay.protocol / docs). ``n`` equals the
+            frame number; frame records are consecutive, starting at 0.
+    event   {"t": "event", "n": int (the frame it happened at), "kind": str, "detail": map}
+            Things worth keeping next to the frames: "desync" (detail: frame, checksums by
+            player, minority), admin actions, and "truncated" (see below).
+    end     {"t": "end", "frames": int (frame records in the file), "reason": str (at most 64
+             bytes of UTF-8), "ended_at": float (unix time)}
+            Written by a clean close only; it is the last record.
+
+Readers must ignore map keys they do not know and skip records whose ``"t"`` they do not know
+(later versions may add both without changing the magic).
+
+Sync points and crashes. The writer makes a zlib ``Z_SYNC_FLUSH`` after the header, after every
+``sync_every`` frames, after each event and on ``flush()``. A sync flush ends the current DEFLATE
+block and appends an empty stored block (the bytes 00 00 FF FF after byte alignment), so all
+data before that point can be decompressed without anything that follows. ``close()`` writes the
+end record and finishes the stream (``Z_FINISH``: final block plus the Adler-32). A file whose
+writer crashed (or is still running) therefore ends somewhere after a sync point: inflate what is
+there, decode complete records, and drop the incomplete record at the tail; there is no end
+record and no Adler-32. A file is complete when it has an end record and the zlib stream ends
+with a correct Adler-32.
+
+Size cap (``max_bytes``). Once writing a frame could make the file larger than ``max_bytes``
+(counting the room kept for the closing records), that frame and all later frames and events
+are dropped, and one event ``{"t": "event", "n": first dropped frame, "kind": "truncated",
+"detail": {"max_bytes": int, "bytes_written": int}}`` is written instead; the file still closes
+cleanly with an end record whose "frames" counts the frames kept. The file never exceeds
+``max_bytes`` unless the cap is too small for even the header and closing records (a few hundred
+bytes), in which case the file holds just those.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import zlib
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, Iterator, Optional
+
+import msgpack
+
+from relay.protocol import Frame, ProtocolError, decode_relay_message
+
+MAGIC = b"RLREPLAY1\n"
+MAGIC_PREFIX = b"RLREPLAY"
+FORMAT_VERSION = 1
+
+MAX_REASON_BYTES = 64
+"""End reasons are cut to this many bytes of UTF-8 (keeps the closing records' size bounded)."""
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+"""The writer refuses a single frame or event larger than this (packed)."""
+
+_READ_CHUNK = 64 * 1024
+_INFLATE_CHUNK = 256 * 1024           # bounded output per inflate step (no zip bombs in memory)
+_UNPACK_BUFFER = MAX_RECORD_BYTES + 2 * _INFLATE_CHUNK
+_WORST_INT = 2**64 - 1                 # packs as large as any msgpack integer
+
+
+class ReplayError(ValueError):
+    """A file that is missing, not a replay, of an unsupported version, or corrupt."""
+
+
+def _pack(record: dict) -> bytes:
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def _compressed_bound(raw: int) -> int:
+    """Most bytes deflate can emit for ``raw`` input bytes up to and including one sync or
+    finish flush (block headers, flush marker, Adler-32), with room to spare. Only applied to
+    the data since the last sync point, so being generous costs next to nothing."""
+    return raw + (raw >> 4) + 64
+
+
+def _clip_reason(reason: str) -> str:
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+    return reason.encode("utf-8", "replace")[:MAX_REASON_BYTES].decode("utf-8", "ignore")
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+class ReplayWriter:
+    """Appends one match to a new replay file (see the module docstring for the format).
+
+    The file is created exclusively: an existing file is never overwritten (FileExistsError).
+    Not thread-safe; calls are cheap (one msgpack pack and one zlib compress per record) except
+    the periodic sync flush, which also flushes the file object to the OS (no fsync).
+
+    Usable as a context manager: leaving the block closes the writer with reason "ended", or
+    "error" if an exception is propagating.
+    """
+
+    def __init__(self, path, *, room: str, tick_rate: int, players: list[Optional[str]],
+                 relay_version: str, sync_every: int = 30, max_bytes: Optional[int] = None):
+        if not isinstance(room, str):
+            raise TypeError("room must be a string")
+        if not isinstance(tick_rate, int) or isinstance(tick_rate, bool) or tick_rate < 1:
+            raise ValueError(f"tick_rate must be a positive integer, not {tick_rate!r}")
+        players = list(players)
+        if not all(player is None or isinstance(player, str) for player in players):
+            raise TypeError("players must be names (str) or None for an empty slot")
+        if not isinstance(relay_version, str):
+            raise TypeError("relay_version must be a string")
+        if not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"sync_every must be a positive integer, not {sync_every!r}")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"max_bytes must be a positive integer or None, not {max_bytes!r}")
+
+        self.path = os.fspath(path)
+        self.sync_every = sync_every
+        self.max_bytes = max_bytes
+        self.header = {"t": "header", "version": FORMAT_VERSION, "room": room,
+                       "tick_rate": tick_rate, "started_at": time.time(), "players": players,
+                       "relay_version": relay_version}
+        self._next = 0                 # the frame number append_frame expects next
+        self._frames = 0               # frame records written
+        self._since_sync = 0           # frames fed since the last sync flush
+        self._pending_raw = 0          # uncompressed bytes fed since the last sync flush
+        self._bytes_written = 0
+        self._truncated = False
+        self._closed = False
+        self.dropped_frames = 0
+        """Frames not written because of max_bytes."""
+        self.dropped_events = 0
+        """Events not written because of max_bytes."""
+        # Room kept for the records that close a capped file: the "truncated" event and the end.
+        truncated = _pack(self._truncated_record(_WORST_INT))
+        end = _pack({"t": "end", "frames": _WORST_INT, "reason": "x" * MAX_REASON_BYTES,
+                     "ended_at": time.time()})
+        self._reserve = _compressed_bound(len(truncated)) + _compressed_bound(len(end))
+
+        self._compressor = zlib.compressobj()
+        self._file = open(self.path, "xb")
+        try:
+            self._emit(MAGIC)
+            header = _pack(self.header)
+            self._feed(header)
+            if max_bytes is not None and not self._fits(0):
+                # Too small a cap for anything but the header and the closing records.
+                self._truncate()
+            self.flush()
+        except BaseException:
+            self._fail()
+            raise
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes handed to the file so far (the magic included); the file's size after a flush.
+        Data the compressor still buffers is not counted until it comes out."""
+        return self._bytes_written
+
+    @property
+    def frames(self) -> int:
+        """Frame records written to the file (frames dropped by max_bytes are not counted)."""
+        return self._frames
+
+    @property
+    def truncated(self) -> bool:
+        """True once max_bytes stopped the file from growing."""
+        return self._truncated
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def append_frame(self, number: int, data: bytes) -> None:
+        """Append the FRAME message ``data`` for frame ``number``; frame numbers must run 0, 1,
+        2, ... without gaps (ValueError otherwise, and nothing is written)."""
+        self._check_open()
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise TypeError(f"frame number must be an int, not {type(number).__name__}")
+        if number != self._next:
+            raise ValueError(f"replay frames must be consecutive: expected frame {self._next}, "
+                             f"got {number}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"frame data must be bytes, not {type(data).__name__}")
+        if self._truncated:
+            self._next += 1
+            self.dropped_frames += 1
+            return
+        record = self._record({"t": "frame", "n": number, "data": bytes(data)})
+        if not self._make_room(len(record)):
+            self._next += 1
+            self.dropped_frames += 1
+            return
+        self._feed(record)
+        self._next += 1
+        self._frames += 1
+        self._since_sync += 1
+        if self._since_sync >= self.sync_every:
+            self.flush()
+
+    def append_event(self, frame: int, kind: str, detail: dict) -> None:
+        """Record an event (desync report, admin action, ...) at ``frame``; ``detail`` must be
+        msgpack-serializable (TypeError otherwise, and nothing is written). Events are flushed at
+        once, so a crash right after one keeps it."""
+        self._check_open()
+        if not isinstance(frame, int) or isinstance(frame, bool) or frame < 0:
+            raise ValueError(f"event frame must be a non-negative int, not {frame!r}")
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("event kind must be a non-empty string")
+        if not isinstance(detail, dict):
+            raise TypeError(f"event detail must be a dict, not {type(detail).__name__}")
+        if self._truncated:
+            self.dropped_events += 1
+            return
+        record = self._record({"t": "event", "n": frame, "kind": kind, "detail": detail})
+        if not self._make_room(len(record)):
+            self.dropped_events += 1
+            return
+        self._feed(record)
+        self.flush()
+
+    def flush(self) -> None:
+        """Make everything appended so far readable from the file: a zlib sync flush and a flush
+        of the file object (to the OS; no fsync). Done automatically every ``sync_every``
+        frames. A no-op once closed."""
+        if self._closed:
+            return
+        if self._pending_raw:
+            self._emit(self._compressor.flush(zlib.Z_SYNC_FLUSH))
+        self._pending_raw = 0
+        self._since_sync = 0
+        try:
+            self._file.flush()
+        except OSError:
+            self._fail()
+            raise
+
+    def close(self, reason: str = "ended") -> None:
+        """Write the end record, finish the zlib stream and close the file. Idempotent: later
+        calls do nothing. ``reason`` is cut to MAX_REASON_BYTES bytes of UTF-8."""
+        if self._closed:
+            return
+        reason = _clip_reason(reason)
+        self._closed = True
+        try:
+            self._feed(_pack({"t": "end", "frames": self._frames, "reason": reason,
+                              "ended_at": time.time()}))
+            self._emit(self._compressor.flush(zlib.Z_FINISH))
+            self._pending_raw = 0
+        finally:
+            self._file.close()      # a no-op if a failed write closed it already
+
+    def __enter__(self) -> "ReplayWriter":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.close("ended" if kind is None else "error")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (f"<ReplayWriter {self.path!r} {state} frames={self._frames} "
+                f"bytes={self._bytes_written}{' truncated' if self._truncated else ''}>")
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"replay writer for {self.path!r} is closed")
+
+    @staticmethod
+    def _record(record: dict) -> bytes:
+        packed = _pack(record)          # raises TypeError before anything reaches the stream
+        if len(packed) > MAX_RECORD_BYTES:
+            raise ValueError(f"replay record of {len(packed)} bytes exceeds "
+                             f"{MAX_RECORD_BYTES} bytes")
+        return packed
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            try:
+                self._file.write(data)
+            except OSError:
+                self._fail()
+                raise
+            self._bytes_written += len(data)
+
+    def _fail(self) -> None:
+        """A write failed (disk full, ...): the stream has a hole, so stop writing for good;
+        later appends raise ValueError (closed). The file reads back up to the last sync point."""
+        self._closed = True
+        try:
+            self._file.close()
+        except OSError:
+            pass
+
+    def _feed(self, record: bytes) -> None:
+        self._pending_raw += len(record)
+        self._emit(self._compressor.compress(record))
+
+    def _fits(self, extra_raw: int) -> bool:
+        """Whether ``extra_raw`` more uncompressed bytes surely fit under max_bytes, leaving
+        room for the closing records."""
+        return (self._bytes_written + _compressed_bound(self._pending_raw + extra_raw)
+                + self._reserve <= self.max_bytes)
+
+    def _make_room(self, size: int) -> bool:
+        """True if a record of ``size`` bytes may be written; otherwise truncate the file."""
+        if self.max_bytes is None or self._fits(size):
+            return True
+        if self._pending_raw:
+            self.flush()                # exact accounting instead of the worst-case bound
+            if self._fits(size):
+                return True
+        self._truncate()
+        return False
+
+    @staticmethod
+    def _truncated_record(first_dropped: int, max_bytes: int = _WORST_INT,
+                          bytes_written: int = _WORST_INT) -> dict:
+        return {"t": "event", "n": first_dropped, "kind": "truncated",
+                "detail": {"max_bytes": max_bytes, "bytes_written": bytes_written}}
+
+    def _truncate(self) -> None:
+        self._truncated = True
+        self._feed(_pack(self._truncated_record(self._next, self.max_bytes,
+                                                self._bytes_written)))
+        self.flush()
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+class _Pass:
+    """What one sequential read of the file found besides the frames."""
+
+    def __init__(self) -> None:
+        self.header: Optional[dict] = None
+        self.events: list[dict] = []
+        self.end: Optional[dict] = None
+        self.frames = 0
+        self.raw_bytes = 0
+        self.problem: Optional[str] = None
+
+
+def _open(path: str):
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise ReplayError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ReplayError(f"{path}: is a directory, not a replay file") from None
+    except OSError as error:
+        raise ReplayError(f"{path}: cannot open: {error.strerror or error}") from None
+
+
+def _check_magic(path: str, magic: bytes) -> None:
+    if magic == MAGIC:
+        return
+    if not magic:
+        raise ReplayError(f"{path}: empty file, not a replay")
+    if magic.startswith(MAGIC_PREFIX) and len(magic) == len(MAGIC) and magic.endswith(b"\n"):
+        version = magic[len(MAGIC_PREFIX):-1].decode("ascii", "replace")
+        raise ReplayError(f"{path}: replay format version {version} is not supported "
+                          f"(this relay reads version {FORMAT_VERSION})")
+    if MAGIC.startswith(magic):
+        raise ReplayError(f"{path}: truncated replay file ({len(magic)} bytes, no header)")
+    raise ReplayError(f"{path}: not a relay replay file (it starts with {magic[:10]!r}, "
+                      f"expected {MAGIC!r})")
+
+
+def _describe_position(state: _Pass) -> str:
+    return f"after frame {state.frames - 1}" if state.frames else "before the first frame"
+
+
+class _Inflater:
+    """Streams the decompressed bytes of the zlib stream in ``file``, in bounded pieces."""
+
+    def __init__(self, file):
+        self.file = file
+        self.inflater = zlib.decompressobj()
+        self.error: Optional[zlib.error] = None
+
+    @property
+    def eof(self) -> bool:
+        return self.inflater.eof
+
+    def pieces(self) -> Iterator[bytes]:
+        """Stops at the end of the stream, the end of the file, or corrupt data (``error``)."""
+        while not self.inflater.eof:
+            chunk = self.file.read(_READ_CHUNK)
+            if not chunk:
+                return
+            backup = self.inflater.copy()
+            delivered = 0
+            data = chunk
+            try:
+                while data and not self.inflater.eof:
+                    out = self.inflater.decompress(data, _INFLATE_CHUNK)
+                    data = self.inflater.unconsumed_tail
+                    if out:
+                        delivered += len(out)
+                        yield out
+            except zlib.error as error:
+                self.error = error
+                # zlib drops the output of a call that fails: inflate the chunk again a byte at
+                # a time to recover everything before the bad byte.
+                self.inflater = backup
+                for index in range(len(chunk)):
+                    try:
+                        out = self.inflater.decompress(chunk[index:index + 1])
+                    except zlib.error:
+                        return
+                    if delivered >= len(out):
+                        delivered -= len(out)
+                    else:
+                        yield out[delivered:]
+                        delivered = 0
+                return
+
+    def trailing(self) -> int:
+        """Bytes after the end of the stream (0 unless the file has extra data)."""
+        return len(self.inflater.unused_data) + len(self.file.read(_READ_CHUNK))
+
+
+def _read_records(file, state: _Pass) -> Iterator[Any]:
+    """Yield the records of the zlib stream that follows the magic, streaming. Stops quietly at
+    a truncated tail or at corrupt data, saying why in ``state.problem``."""
+    inflater = _Inflater(file)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=_UNPACK_BUFFER)
+    for piece in inflater.pieces():
+        state.raw_bytes += len(piece)
+        try:
+            unpacker.feed(piece)
+            yield from unpacker
+        except Exception as error:  # msgpack raises several unrelated types for bad data
+            state.problem = (f"corrupt record {_describe_position(state)}: "
+                             f"{type(error).__name__}: {error}")
+            return
+    if inflater.error is not None:
+        state.problem = f"corrupt compressed data {_describe_position(state)}: {inflater.error}"
+    elif not inflater.eof:
+        partial = state.raw_bytes - unpacker.tell()
+        tail = f", {partial} bytes of an incomplete record dropped" if partial else ""
+        state.problem = (f"not closed cleanly: the file ends {_describe_position(state)} "
+                         f"(writer crashed or still running{tail})")
+    elif state.raw_bytes != unpacker.tell():
+        state.problem = "corrupt replay: the compressed stream ends inside a record"
+    elif inflater.trailing():
+        state.problem = "unexpected data after the end of the compressed stream"
+
+
+class ReplayReader:
+    """Reads a replay file (see the module docstring for the format).
+
+    The constructor checks the magic and reads the header; ``frames()`` streams the frames
+    (every call reads the file again, holding one chunk at a time). ``events()``, ``end``,
+    ``complete``, ``problem``, ``frame_count`` and ``raw_bytes`` need a read of the whole file:
+    done on first use, or for free when a ``frames()`` iteration runs to the end.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        state = _Pass()
+        with _open(self.path) as file:
+            _check_magic(self.path, file.read(len(MAGIC)))
+            records = _read_records(file, state)
+            try:
+                first = next(records, None)
+            finally:
+                records.close()
+        if first is None:
+            why = state.problem or "no records"
+            if why.startswith("not closed"):
+                why = "the file ends before the header record is complete"
+            raise ReplayError(f"{self.path}: not a readable replay: {why}")
+        self.header: dict = self._check_header(first)
+        self._scan: Optional[_Pass] = None
+
+    def _check_header(self, record: Any) -> dict:
+        if not isinstance(record, dict) or record.get("t") != "header":
+            raise ReplayError(f"{self.path}: corrupt replay: the first record is not a header")
+        version = record.get("version")
+        if version != FORMAT_VERSION:
+            raise ReplayError(f"{self.path}: replay header version {version!r} is not supported "
+                              f"(this relay reads version {FORMAT_VERSION})")
+        expected = {"room": str, "tick_rate": int, "players": list, "started_at": (int, float),
+                    "relay_version": str}
+        for key, kind in expected.items():
+            if not isinstance(record.get(key), kind):
+                raise ReplayError(f"{self.path}: corrupt replay header: {key!r} is missing or "
+                                  f"has the wrong type")
+        if record["tick_rate"] < 1:
+            raise ReplayError(f"{self.path}: corrupt replay header: tick_rate "
+                              f"{record['tick_rate']} is not positive")
+        return record
+
+    def _walk(self, state: _Pass) -> Iterator[tuple[int, bytes]]:
+        """One read of the file: yields frames, collects everything else into ``state``."""
+        with _open(self.path) as file:
+            _check_magic(self.path, file.read(len(MAGIC)))
+            for record in _read_records(file, state):
+                kind = record.get("t") if isinstance(record, dict) else None
+                if state.header is None:
+                    if kind != "header":
+                        state.problem = "corrupt replay: the first record is not a header"
+                        return
+                    state.header = record
+                elif state.end is not None:
+                    continue            # nothing belongs after the end record; keep verifying
+                elif kind == "frame":
+                    number, data = record.get("n"), record.get("data")
+                    if number != state.frames or not isinstance(data, bytes):
+                        state.problem = (f"corrupt frame record {_describe_position(state)} "
+                                         f"(n={number!r})")
+                        return
+                    state.frames += 1
+                    yield number, data
+                elif kind == "event":
+                    if not isinstance(record.get("kind"), str):
+                        state.problem = f"corrupt event record {_describe_position(state)}"
+                        return
+                    state.events.append(record)
+                elif kind == "end":
+                    state.end = record
+                elif not isinstance(kind, str):
+                    state.problem = f"corrupt record {_describe_position(state)}: not a typed map"
+                    return
+                # else: a record type from a later version; skipped
+
+    def frames(self) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(frame number, FRAME message bytes)`` in order, streaming. Stops without an
+        exception at a truncated or corrupt tail (``problem`` then says why)."""
+        state = _Pass()
+        yield from self._walk(state)
+        if self._scan is None:
+            self._scan = state
+
+    def _scanned(self) -> _Pass:
+        if self._scan is None:
+            state = _Pass()
+            for _ in self._walk(state):
+                pass
+            self._scan = state
+        return self._scan
+
+    def events(self) -> list[dict]:
+        """The event records (maps with "t", "n", "kind", "detail"), in file order."""
+        return list(self._scanned().events)
+
+    @property
+    def end(self) -> Optional[dict]:
+        """The end record, or None if the file was not closed cleanly."""
+        return self._scanned().end
+
+    @property
+    def problem(self) -> Optional[str]:
+        """Why the file is not complete (truncated tail, corrupt data), or None."""
+        state = self._scanned()
+        if state.problem is None and state.end is None:
+            return "the stream ends without an end record"
+        return state.problem
+
+    @property
+    def complete(self) -> bool:
+        """True if the file was closed cleanly and reads back intact (checksum included)."""
+        state = self._scanned()
+        return state.end is not None and state.problem is None
+
+    @property
+    def frame_count(self) -> int:
+        """Readable frame records in the file."""
+        return self._scanned().frames
+
+    @property
+    def raw_bytes(self) -> int:
+        """Uncompressed size of the readable records."""
+        return self._scanned().raw_bytes
+
+
+# -- summaries and the command line -----------------------------------------------------------
+
+def summarize(path) -> dict:
+    """Figures about one replay file (JSON-serializable). Reads the file once, streaming;
+    raises ReplayError for a missing or unreadable file."""
+    path = os.fspath(path)
+    reader = ReplayReader(path)
+    header = reader.header
+    players = list(header["players"])
+    inputs: list[int] = []
+    joined: dict[int, str] = {}
+    membership: Counter = Counter()
+    frames = 0
+    first = last = None
+    bad_frames = 0
+    for number, data in reader.frames():
+        frames += 1
+        if first is None:
+            first = number
+        last = number
+        try:
+            frame = decode_relay_message(data)
+        except ProtocolError:
+            bad_frames += 1
+            continue
+        if not isinstance(frame, Frame) or frame.number != number:
+            bad_frames += 1
+            continue
+        if len(frame.inputs) > len(inputs):
+            inputs.extend([0] * (len(frame.inputs) - len(inputs)))
+        for slot, value in enumerate(frame.inputs):
+            if value is not None:
+                inputs[slot] += 1
+        for event in frame.events:
+            if isinstance(event, list) and event and isinstance(event[0], str):
+                membership[event[0]] += 1
+                if (len(event) >= 3 and isinstance(event[1], int) and isinstance(event[2], str)
+                        and event[0] in ("join", "reconnect")):
+                    joined.setdefault(event[1], event[2])
+    slots = max(len(players), len(inputs))
+    inputs.extend([0] * (slots - len(inputs)))
+    per_slot = []
+    for slot in range(slots):
+        name = players[slot] if slot < len(players) else None
+        per_slot.append({"slot": slot, "player": name if name is not None else joined.get(slot),
+                         "inputs": inputs[slot]})
+    events = Counter(event["kind"] for event in reader.events())
+    end = reader.end
+    file_bytes = os.path.getsize(path)
+    tick_rate = header["tick_rate"]
+    return {
+        "file": path,
+        "format_version": header["version"],
+        "room": header["room"],
+        "tick_rate": tick_rate,
+        "players": players,
+        "relay_version": header["relay_version"],
+        "started_at": header["started_at"],
+        "ended_at": end.get("ended_at") if end else None,
+        "frames": frames,
+        "first_frame": first,
+        "last_frame": last,
+        "duration_s": frames / tick_rate,
+        "complete": reader.complete,
+        "end_reason": end.get("reason") if end else None,
+        "problem": reader.problem,
+        "truncated": "truncated" in events,
+        "events": dict(sorted(events.items())),
+        "membership": dict(sorted(membership.items())),
+        "inputs_per_player": per_slot,
+        "bad_frames": bad_frames,
+        "file_bytes": file_bytes,
+        "raw_bytes": reader.raw_bytes,
+        "compression_ratio": reader.raw_bytes / file_bytes if file_bytes else 0.0,
+    }
+
+
+def _time(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    try:
+        return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return repr(value)
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{kind} {count}" for kind, count in counts.items()) or "none"
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as text for people (``relay replay inspect FILE``)."""
+    frames = summary["frames"]
+    span = f" ({summary['first_frame']}..{summary['last_frame']})" if frames else ""
+    if summary["complete"]:
+        status = f"complete, ended: {summary['end_reason']}"
+    else:
+        status = f"INCOMPLETE: {summary['problem']}"
+    if summary["truncated"]:
+        status += " (truncated by the size cap)"
+    inputs = ", ".join(f"{entry['slot']}:{entry['player'] or '-'} {entry['inputs']}"
+                       for entry in summary["inputs_per_player"]) or "none"
+    players = ", ".join(f"{slot}:{name or '-'}"
+                        for slot, name in enumerate(summary["players"])) or "none"
+    lines = [
+        ("file", summary["file"]),
+        ("room", f"{summary['room']} (relay {summary['relay_version']}, "
+                 f"replay format {summary['format_version']})"),
+        ("started", _time(summary["started_at"])),
+        ("ended", _time(summary["ended_at"])),
+        ("players", players),
+        ("frames", f"{frames}{span}, {summary['duration_s']:.1f} s at {summary['tick_rate']} Hz"),
+        ("status", status),
+        ("inputs", inputs),
+        ("events", _counts(summary["events"])),
+        ("membership", _counts(summary["membership"])),
+        ("size", f"{summary['file_bytes']:,} bytes ({summary['raw_bytes']:,} uncompressed, "
+                 f"ratio {summary['compression_ratio']:.1f}x)"),
+    ]
+    if summary["bad_frames"]:
+        lines.append(("warning", f"{summary['bad_frames']} frame records do not hold a valid "
+                                 f"FRAME message"))
+    width = max(len(label) for label, _ in lines)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    try:
+        summary = summarize(args.file)
+    except ReplayError as error:
+        print(f"relay replay: error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the replay subcommands to ``parser`` (the project CLI mounts it as ``relay replay``).
+    Each subcommand sets ``func``: call ``args.func(args)`` for the exit status."""
+    sub = parser.add_subparsers(dest="replay_command", required=True, metavar="COMMAND")
+    inspect = sub.add_parser("inspect", help="summarize a replay file",
+                             description="Print what a replay file holds: room, players, "
+                                         "frames, duration, events, inputs per player, size.")
+    inspect.add_argument("file", metavar="FILE", help="the replay file")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(func=_inspect)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``relay replay inspect FILE [--json]``: 0 on success, 1 for a missing or bad file."""
+    parser = argparse.ArgumentParser(prog="relay replay", description="Replay files")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
