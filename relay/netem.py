@@ -433,16 +433,26 @@ class Netem:
             reason = exc.strerror or exc
             raise OSError(f"cannot resolve upstream {upstream_text}: {reason}") from exc
         self._upstream_family, _, _, _, self._upstream_sockaddr = infos[0]
-        self._listen_closed = loop.create_future()
+        # Bound here rather than by create_datagram_endpoint(local_addr=...): the error is ours
+        # to word, and uvloop leaks a transport when its own bind fails.
+        listen_text = f"{self.listen[0]}:{self.listen[1]}"
         try:
-            self._listen_transport, _ = await loop.create_datagram_endpoint(
-                lambda: _ListenProtocol(self, self._listen_closed), local_addr=self.listen)
+            infos = await loop.getaddrinfo(*self.listen, type=socket.SOCK_DGRAM,
+                                           flags=socket.AI_PASSIVE)
+            family, _, _, _, sockaddr = infos[0]
+            sock = socket.socket(family, socket.SOCK_DGRAM)
         except OSError as exc:
-            listen_text = f"{self.listen[0]}:{self.listen[1]}"
             raise OSError(f"cannot listen on {listen_text}: {exc.strerror or exc}") from exc
-        sock = self._listen_transport.get_extra_info("socket")
-        if sock is not None:
+        try:
+            sock.setblocking(False)
             _enlarge_buffers(sock)
+            sock.bind(sockaddr)
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"cannot listen on {listen_text}: {exc.strerror or exc}") from exc
+        self._listen_closed = loop.create_future()
+        self._listen_transport, _ = await loop.create_datagram_endpoint(
+            lambda: _ListenProtocol(self, self._listen_closed), sock=sock)
         self._started_at = time.monotonic()
         self._schedule_sweep()
 
