@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Iterator, Optional
 
 from relay import protocol
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Join, ProtocolError, Welcome
@@ -281,3 +281,13 @@ class RelayClient:
         self._frames_received += 1
         if frame.number == self.next_frame:
             self._frame_ready.set()
+
+
+def replay_frames(path) -> "Iterator[Frame]":
+    """Iterate a replay file's frames in order, decoded exactly as a live client sees them."""
+    from relay.replay import ReplayReader
+
+    for _number, data in ReplayReader(path).frames():
+        message = protocol.decode_relay_message(data)
+        if isinstance(message, Frame):
+            yield message

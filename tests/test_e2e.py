@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from relay import protocol
-from relay.client import RelayClient, RelayError
+from relay.client import RelayClient, RelayError, replay_frames
 from relay.config import load_config
 from relay.netem import LinkSettings, Netem
 from relay.replay import ReplayReader
@@ -311,6 +311,10 @@ def test_sigterm_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path)
         assert reader.complete and reader.end["reason"] == "shutdown"
         assert [n for n, _ in frames] == list(range(len(frames)))
         assert len(frames) == client.final_frames
+        # The SDK reads the replay back as the same frames a live client received.
+        replayed = list(replay_frames(replay))
+        assert [f.number for f in replayed] == list(range(client.final_frames))
+        assert replayed[10].inputs == [b"a:10", b"b:10"]
     finally:
         if process.poll() is None:
             process.kill()
