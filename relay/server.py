@@ -113,6 +113,7 @@ class RelayServer:
         for room in list(self.rooms.values()):
             room.end(reason)
             self._drain(room)
+            self._remove_room(room)
         self._flush()
         for peer_id in self.endpoint.peer_ids:
             self.endpoint.disconnect(peer_id, "shutdown")
@@ -167,7 +168,8 @@ class RelayServer:
         room = self._room_of(peer_id)
         self.peer_room.pop(peer_id, None)
         if room is not None:
-            room.detach(peer_id, "timeout" if reason == "timeout" else reason, now)
+            # A dead link (idle timeout or resend limit) is a timeout; anything else a leave.
+            room.detach(peer_id, "timeout" if reason in ("timeout", "resend_limit") else reason, now)
             self._drain(room)
         self.log.info("peer_disconnected", peer=peer_id, reason=reason,
                       room=room.room_id if room else None)
