@@ -46,6 +46,8 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         heartbeat_interval=min(0.5, rooms.player_timeout / 4),
         # Acks ride on the next tick's frame instead of going out alone.
         ack_delay=1.0 / config.server.tick_rate,
+        # Every datagram carries every unacked frame that fits.
+        redundancy_budget=config.server.mtu,
         max_block_size=32 * 1024 * 1024,
         block_memory_limit=64 * 1024 * 1024,
     )
