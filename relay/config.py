@@ -150,18 +150,21 @@ class RelayConfig:
 SECTIONS = {f.name: f.type for f in dataclasses.fields(RelayConfig)}
 
 
-def _coerce(key: str, raw: Any, kind: type) -> Any:
-    """Convert a TOML or environment value to the field's type, or explain what is expected."""
+def _coerce(key: str, raw: Any, kind: type, from_env: bool) -> Any:
+    """Convert a TOML or environment value to the field's type, or explain what is expected.
+
+    Environment variables are always strings, so only they are parsed; in TOML a quoted number
+    is a mistake worth reporting."""
     if kind is bool:
         if isinstance(raw, bool):
             return raw
-        if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if from_env and raw.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return raw.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{key}={raw!r}: true or false")
     if kind is int:
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
-        if isinstance(raw, str):
+        if from_env:
             try:
                 return int(raw)
             except ValueError:
@@ -170,7 +173,7 @@ def _coerce(key: str, raw: Any, kind: type) -> Any:
     if kind is float:
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
-        if isinstance(raw, str):
+        if from_env:
             try:
                 return float(raw)
             except ValueError:
@@ -187,14 +190,14 @@ def _field_types(section_type: type) -> dict[str, type]:
             for f in dataclasses.fields(section_type)}
 
 
-def _apply(config: RelayConfig, section: str, key: str, raw: Any) -> None:
+def _apply(config: RelayConfig, section: str, key: str, raw: Any, from_env: bool = False) -> None:
     if section not in SECTIONS:
         raise ConfigError(f"[{section}]: unknown section; allowed {', '.join(SECTIONS)}")
     target = getattr(config, section)
     types = _field_types(type(target))
     if key not in types:
-        raise ConfigError(f"{section}.{key}: unknown setting; allowed {', '.join(types)}")
-    setattr(target, key, _coerce(f"{section}.{key}", raw, types[key]))
+        raise ConfigError(f"{section}.{key}={raw!r}: unknown setting; allowed {', '.join(types)}")
+    setattr(target, key, _coerce(f"{section}.{key}", raw, types[key], from_env))
 
 
 def load_config(path: Optional[str | Path] = None,
@@ -207,24 +210,33 @@ def load_config(path: Optional[str | Path] = None,
                 document = tomllib.load(handle)
         except OSError as error:
             raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
-        except tomllib.TOMLDecodeError as error:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             raise ConfigError(f"{path}: not valid TOML: {error}") from None
         for section, values in document.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{section}: expected a [{section}] table")
             for key, raw in values.items():
                 _apply(config, section, key, raw)
+    from_env: dict[str, str] = {}
     for name, raw in (os.environ if environ is None else environ).items():
         if not name.startswith(ENV_PREFIX) or name in ("RELAY_CONFIG",):
             continue
         rest = name[len(ENV_PREFIX):].lower()
         section, _, key = rest.partition("_")
-        if section in SECTIONS:
-            try:
-                _apply(config, section, key, raw)
-            except ConfigError as error:
-                raise ConfigError(f"{error} (from environment variable {name})") from None
-    return config.validate()
+        if section not in SECTIONS:
+            continue        # another program's RELAY_* variable
+        try:
+            _apply(config, section, key, raw, from_env=True)
+        except ConfigError as error:
+            raise ConfigError(f"{error} (from environment variable {name})") from None
+        from_env[f"{section}.{key}"] = name
+    try:
+        return config.validate()
+    except ConfigError as error:
+        key = str(error).split("=", 1)[0]
+        if key in from_env:
+            raise ConfigError(f"{error} (from environment variable {from_env[key]})") from None
+        raise
 
 
 def describe(config: RelayConfig) -> dict:

@@ -21,6 +21,9 @@ from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
 
+# A diverging checksum waits at most this many frames for the other players' reports.
+DESYNC_WAIT_FRAMES = 30
+
 
 class JoinRefused(Exception):
     def __init__(self, code: str, message: str):
@@ -69,8 +72,13 @@ class Member:
     """First frame this member receives on the STREAM channel."""
     catching_up: bool = False
     """A history or catch-up block is in flight; live frames still go out behind it."""
+    block_first: int = 0
     block_end: int = -1
-    """Last frame of the block in flight: the client holds everything up to it once delivered."""
+    """Frames of the block in flight: the client holds everything up to block_end once delivered."""
+    last_sent: int = -1
+    """Last frame queued for this member on the STREAM channel."""
+    missing_from: Optional[int] = None
+    """A frame from here on could not be queued (or a block failed): repair with a block."""
     reported: bool = False
     """The client has reported progress (``have``) at least once; only then can it lag."""
 
@@ -96,6 +104,8 @@ class Room:
         self.pending_events: list[list] = []
         self.checksums: dict[int, dict[int, int]] = {}
         self.reported_desyncs: set[int] = set()
+        self.pending_desyncs: dict[int, int] = {}
+        """Diverging frames waiting for the remaining players' checksums: frame -> deadline."""
         self.end_reason: Optional[str] = None
         self.actions: list[Action] = []
         self.events: list[RoomEvent] = []
@@ -141,10 +151,15 @@ class Room:
             return self._reclaim(slot, peer_id, now)
         if self.state == RUNNING and not self.settings.allow_late_join:
             raise JoinRefused("running", f"room {self.room_id} is running and takes no late joiners")
-        if len(self.slots) >= self.capacity:
-            raise JoinRefused("room_full", f"room {self.room_id} is full ({self.capacity} players)")
-        slot = Slot(len(self.slots), player, peer_id)
-        self.slots.append(slot)
+        if len(self.slots) < self.capacity:
+            slot = Slot(len(self.slots), player, peer_id)
+            self.slots.append(slot)
+        else:
+            # A slot whose owner's reconnect grace has run out goes to the newcomer (same index).
+            slot = next((s for s in self.slots if self._slot_expired(s, now)), None)
+            if slot is None:
+                raise JoinRefused("room_full", f"room {self.room_id} is full ({self.capacity} players)")
+            slot.player, slot.peer_id, slot.ready, slot.away_since = player, peer_id, False, None
         member = self._admit(peer_id, player, slot.index, spectator=False)
         self.pending_events.append(["join", slot.index, player])
         self.events.append(RoomEvent("joined", {"player": player, "slot": slot.index,
@@ -159,17 +174,21 @@ class Room:
             old = self.members.pop(slot.peer_id, None)
             self.actions.append(Action("disconnect", slot.peer_id, reason="replaced"))
             del old
-        elif slot.away_since is not None and now - slot.away_since > self.settings.reconnect_grace:
+        elif self._slot_expired(slot, now):
             raise JoinRefused("slot_expired", f"player {slot.player}'s slot in {self.room_id} "
                                               f"expired {self.settings.reconnect_grace:g} s after it left")
         slot.peer_id = peer_id
         slot.away_since = None
         member = self._admit(peer_id, slot.player, slot.index, spectator=False)
-        if self.state != WAITING:
-            self.pending_events.append(["reconnect", slot.index, slot.player])
+        self.pending_events.append(["reconnect", slot.index, slot.player])
         self.events.append(RoomEvent("reconnected", {"player": slot.player, "slot": slot.index,
                                                      "frame": self.open_frame}))
+        self._maybe_start(now)
         return member
+
+    def _slot_expired(self, slot: Slot, now: float) -> bool:
+        return (slot.peer_id is None and slot.away_since is not None
+                and now - slot.away_since > self.settings.reconnect_grace)
 
     def _join_spectator(self, peer_id: int, player: str) -> Member:
         if self.spectator_count >= self.settings.max_spectators:
@@ -189,12 +208,17 @@ class Room:
                           history=released, spectator=spectator)
         self.actions.append(Action("send", peer_id, CONTROL, welcome.encode()))
         if released:
-            self.actions.append(Action("block", peer_id,
-                                       data=protocol.encode_history(0, self.history[:released])))
-            member.catching_up = True
-            member.block_end = released - 1
+            self._send_block(member, 0, released)
             self.events.append(RoomEvent("history_sent", {"player": player, "frames": released}))
         return member
+
+    def _send_block(self, member: Member, first: int, end: int) -> None:
+        """Frames first..end-1 from the history, as one compressed block."""
+        self.actions.append(Action("block", member.peer_id,
+                                   data=protocol.encode_history(first, self.history[first:end])))
+        member.catching_up = True
+        member.block_first = first
+        member.block_end = end - 1
 
     def _released_frames(self, spectator: bool) -> int:
         """Frames a member may have right now: all closed ones, or the delayed ones for spectators."""
@@ -212,7 +236,8 @@ class Room:
             slot.peer_id = None
             slot.ready = False
             slot.away_since = now
-            if self.state == RUNNING:
+            if self.state != ENDED:
+                # Frame 0 carries what happened while waiting, so joins and leaves both count.
                 kind = "timeout" if reason == "timeout" else "leave"
                 self.pending_events.append([kind, slot.index, slot.player])
             self.events.append(RoomEvent("timed_out" if reason == "timeout" else "left",
@@ -220,6 +245,7 @@ class Room:
                                           "reason": reason, "frame": self.open_frame}))
         if not self.members:
             self.empty_since = now
+        self._maybe_start(now)
 
     def kick(self, player: str, now: float) -> Optional[int]:
         """Disconnect a player (its slot stays, as for a timeout); returns its peer id."""
@@ -311,10 +337,20 @@ class Room:
             return
         by_slot = self.checksums.setdefault(message.frame, {})
         by_slot.setdefault(member.slot, message.value)
-        if len(set(by_slot.values())) > 1 and message.frame not in self.reported_desyncs:
+        if len(set(by_slot.values())) < 2 or message.frame in self.reported_desyncs:
+            return
+        # Report once every connected player has answered for the frame (so the minority is
+        # known whoever answered first), or DESYNC_WAIT_FRAMES later at the latest.
+        connected = {s.index for s in self.slots if s.peer_id is not None}
+        if connected <= set(by_slot):
+            self.pending_desyncs.pop(message.frame, None)
             self._report_desync(message.frame, by_slot)
+        else:
+            self.pending_desyncs.setdefault(message.frame, self.open_frame + DESYNC_WAIT_FRAMES)
 
     def _report_desync(self, frame: int, by_slot: dict[int, int]) -> None:
+        if frame in self.reported_desyncs or len(set(by_slot.values())) < 2:
+            return
         self.reported_desyncs.add(frame)
         groups: dict[int, list[str]] = {}
         for slot, value in by_slot.items():
@@ -345,50 +381,67 @@ class Room:
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
         for member in self.members.values():
+            self._maybe_catch_up(member)
             if member.spectator:
                 if spectator_frame >= member.next_live:
+                    member.last_sent = spectator_frame
                     self.actions.append(Action("send", member.peer_id, STREAM,
                                                self.history[spectator_frame]))
             else:
+                member.last_sent = number
                 self.actions.append(Action("send", member.peer_id, STREAM, data))
-                self._maybe_catch_up(member)
+        for frame in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
+            del self.pending_desyncs[frame]
+            self._report_desync(frame, self.checksums.get(frame, {}))
         stale = number - self.settings.checksum_window
         if stale >= 0:
             self.checksums.pop(stale, None)
             self.reported_desyncs.discard(stale)
+            self.pending_desyncs.pop(stale, None)
         self.events.append(RoomEvent("frame", {"frame": number, "data": data}))
         return data
 
     def _maybe_catch_up(self, member: Member) -> None:
-        """A client far behind gets the frames it lacks as one block instead of waiting for
-        the stream to work through its backlog."""
-        if member.catching_up or not member.reported:
+        """Repair a member with one block: the frames it lacks because a send failed, or,
+        for a player far behind, everything after what it reported holding (instead of making
+        it wait for the stream to work through its backlog)."""
+        if member.catching_up:
             return
-        behind = self.open_frame - 1 - member.have
-        if behind <= self.settings.catchup_frames:
+        if member.missing_from is not None:
+            first = member.missing_from
+        elif (not member.spectator and member.reported
+              and self.open_frame - 1 - member.have > self.settings.catchup_frames):
+            first = max(0, member.have + 1)
+        else:
             return
-        first = max(0, member.have + 1)
-        self.actions.append(Action("block", member.peer_id,
-                                   data=protocol.encode_history(first, self.history[first:self.open_frame])))
-        member.catching_up = True
-        member.block_end = self.open_frame - 1
+        member.missing_from = None
+        end = self._released_frames(member.spectator)
+        if first >= end:
+            return
+        self._send_block(member, first, end)
         self.events.append(RoomEvent("catch_up", {"player": member.player, "first": first,
-                                                  "frames": self.open_frame - first}))
+                                                  "frames": end - first}))
 
-    def on_send_failed(self, peer_id: int) -> None:
-        """The core refused to queue a frame (the member's queue is full): make sure the next
-        tick repairs the gap with a catch-up block."""
+    def on_send_failed(self, peer_id: int, what: str) -> None:
+        """The core refused to queue a frame ("stream") or a block ("block") for this member:
+        the next tick repairs the gap with a block."""
         member = self.members.get(peer_id)
-        if member is not None:
+        if member is None:
+            return
+        if what == "block":
             member.catching_up = False
-            member.reported = True
-            member.have = min(member.have, self.open_frame - 2 - self.settings.catchup_frames)
+            lost = member.block_first
+        else:
+            lost = member.last_sent
+        member.missing_from = lost if member.missing_from is None else min(member.missing_from, lost)
 
     def on_block_delivered(self, peer_id: int) -> None:
         member = self.members.get(peer_id)
         if member is not None:
             member.catching_up = False
-            member.have = max(member.have, member.block_end)
+            # Everything closed so far was in the block or is queued on the stream behind it.
+            member.have = max(member.have, member.block_end,
+                              -1 if member.spectator else self.open_frame - 1)
 
     def _broadcast(self, channel: int, data: bytes) -> None:
         for peer_id in self.members:

@@ -313,12 +313,12 @@ class RelayServer:
         if action.kind == "send":
             if not self.endpoint.send(action.peer_id, action.channel, action.data):
                 if action.channel == STREAM and self.endpoint.is_connected(action.peer_id):
-                    room.on_send_failed(action.peer_id)
+                    room.on_send_failed(action.peer_id, "stream")
         elif action.kind == "block":
             if self.endpoint.send_block(action.peer_id, action.data):
                 self.metrics.blocks.labels(outcome="started").inc()
-            else:
-                room.on_send_failed(action.peer_id)
+            elif self.endpoint.is_connected(action.peer_id):
+                room.on_send_failed(action.peer_id, "block")
         elif action.kind == "disconnect":
             self.peer_room.pop(action.peer_id, None)
             self.endpoint.disconnect(action.peer_id, action.reason)
