@@ -1,5 +1,6 @@
 """End to end over real UDP sockets on loopback, through the user-space link emulator."""
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -64,6 +65,23 @@ async def running_server(tmp_path, **rooms):
     return server
 
 
+@contextlib.asynccontextmanager
+async def running_room(tmp_path, room, names, **rooms):
+    """A relay with one running room of directly connected players."""
+    server = await running_server(tmp_path, **rooms)
+    host, port = server.udp_address
+    players = []
+    try:
+        for name in names:
+            players.append(Player(await RelayClient.connect(host, port, room, name), name))
+        await players[0].client.wait_for_state("running")
+        yield server, players
+    finally:
+        for player in players:
+            await player.client.close()
+        await server.stop()
+
+
 def test_four_players_over_a_lossy_link_see_every_frame_once_in_order(tmp_path):
     async def scenario():
         server = await running_server(tmp_path, start_players=4, player_timeout=2.0)
@@ -117,21 +135,17 @@ def test_four_players_over_a_lossy_link_see_every_frame_once_in_order(tmp_path):
 
 def test_killed_client_times_out_and_the_room_goes_on_then_reconnects_without_gap(tmp_path):
     async def scenario():
-        server = await running_server(tmp_path, player_timeout=1.0, reconnect_grace=30)
-        host, port = server.udp_address
-        a = Player(await RelayClient.connect(host, port, "r", "alice"), "a")
-        b = Player(await RelayClient.connect(host, port, "r", "bob"), "b")
-        try:
-            await a.client.wait_for_state("running")
+        async with running_room(tmp_path, "r", ["a", "b"], player_timeout=1.0,
+                                reconnect_grace=30) as (server, (a, b)):
             await asyncio.gather(a.play_until(30, 5), b.play_until(30, 5))
             b.client.driver.close()            # killed: no LEAVE, no DISCONNECT
             await a.play_until(30 + 3 * 30, 5)      # three seconds later the room still runs
             events = [e for f in a.frames for e in f.events]
-            assert ["timeout", 1, "bob"] in events
-            timed_out_at = next(f.number for f in a.frames if ["timeout", 1, "bob"] in f.events)
+            assert ["timeout", 1, "b"] in events
+            timed_out_at = next(f.number for f in a.frames if ["timeout", 1, "b"] in f.events)
             assert all(f.inputs[1] is None for f in a.frames if f.number > timed_out_at)
 
-            # bob comes back from a new socket: same slot, no gap, no duplicate.
+            # b comes back from a new socket: same slot, no gap, no duplicate.
             seen = b.frames[-1].number
             await b.client.reconnect()
             assert b.client.welcome.slot == 1
@@ -140,24 +154,15 @@ def test_killed_client_times_out_and_the_room_goes_on_then_reconnects_without_ga
             numbers = [f.number for f in b.frames]
             assert numbers == list(range(len(numbers))), "gap or duplicate after reconnect"
             assert numbers[-1] > seen
-            assert any(["reconnect", 1, "bob"] in f.events for f in a.frames)
+            assert any(["reconnect", 1, "b"] in f.events for f in a.frames)
             assert digest(b.frames) == digest(a.frames[: len(b.frames)])
-        finally:
-            await a.client.close()
-            await b.client.close()
-            await server.stop()
 
     asyncio.run(scenario())
 
 
 def test_checksum_mismatch_is_reported_to_the_room_and_counted(tmp_path):
     async def scenario():
-        server = await running_server(tmp_path, start_players=3)
-        host, port = server.udp_address
-        players = [Player(await RelayClient.connect(host, port, "d", name), name)
-                   for name in ("ann", "ben", "cat")]
-        try:
-            await players[0].client.wait_for_state("running")
+        async with running_room(tmp_path, "d", ["ann", "ben", "cat"], start_players=3) as (server, players):
             await asyncio.gather(*[p.play_until(10, 5) for p in players])
             for player in players:
                 value = 1234 if player.name != "cat" else 9999
@@ -167,22 +172,14 @@ def test_checksum_mismatch_is_reported_to_the_room_and_counted(tmp_path):
                 assert player.client.desyncs == [[5, {"ann": 1234, "ben": 1234, "cat": 9999}, ["cat"]]]
             metrics = server.metrics.render()[0].decode()
             assert "relay_desyncs_total 1.0" in metrics
-        finally:
-            for player in players:
-                await player.client.close()
-            await server.stop()
 
     asyncio.run(scenario())
 
 
 def test_bad_input_gets_an_error_or_a_counted_drop_while_the_room_keeps_running(tmp_path):
     async def scenario():
-        server = await running_server(tmp_path, max_input_bytes=32)
-        host, port = server.udp_address
-        a = Player(await RelayClient.connect(host, port, "x", "a"), "a")
-        b = Player(await RelayClient.connect(host, port, "x", "b"), "b")
-        try:
-            await a.client.wait_for_state("running")
+        async with running_room(tmp_path, "x", ["a", "b"], max_input_bytes=32) as (server, (a, b)):
+            host, port = server.udp_address
             await asyncio.gather(a.play_until(10, 5), b.play_until(10, 5))
             # Garbage datagrams from a stranger and from a player's own socket.
             stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -228,22 +225,14 @@ def test_bad_input_gets_an_error_or_a_counted_drop_while_the_room_keeps_running(
                                                       {"player": "nobody"})
             assert status == 404
             await asyncio.gather(a.play_until(90, 5), b.play_until(90, 5))
-        finally:
-            await a.client.close()
-            await b.client.close()
-            await server.stop()
 
     asyncio.run(scenario())
 
 
 def test_spectator_receives_the_stream_with_its_delay(tmp_path):
     async def scenario():
-        server = await running_server(tmp_path, spectator_delay=15)
-        host, port = server.udp_address
-        a = Player(await RelayClient.connect(host, port, "s", "a"), "a")
-        b = Player(await RelayClient.connect(host, port, "s", "b"), "b")
-        try:
-            await a.client.wait_for_state("running")
+        async with running_room(tmp_path, "s", ["a", "b"], spectator_delay=15) as (server, (a, b)):
+            host, port = server.udp_address
             await asyncio.gather(a.play_until(40, 5), b.play_until(40, 5))
             watcher = await RelayClient.connect(host, port, "s", "watcher", spectator=True)
             live_at_join = a.frames[-1].number
@@ -262,10 +251,6 @@ def test_spectator_receives_the_stream_with_its_delay(tmp_path):
             newest = seen[-1][0]
             assert a.frames[-1].number - newest >= 14
             await watcher.close()
-        finally:
-            await a.client.close()
-            await b.client.close()
-            await server.stop()
 
     asyncio.run(scenario())
 
