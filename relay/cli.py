@@ -28,10 +28,24 @@ async def _serve(config) -> int:
     server = RelayServer(config)
     await server.start()
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    # SIGTERM (orchestrators): drain, let matches finish up to drain_timeout, then stop.
+    # SIGINT (a person at a terminal), or a second SIGTERM: stop now.
+    terminate, interrupt = asyncio.Event(), asyncio.Event()
+
+    def on_sigterm() -> None:
+        (interrupt if terminate.is_set() else terminate).set()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    loop.add_signal_handler(signal.SIGINT, interrupt.set)
+    waiters = [loop.create_task(terminate.wait()), loop.create_task(interrupt.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    if not interrupt.is_set():
+        server.drain()
+        drained = loop.create_task(server.drained.wait())
+        await asyncio.wait([drained, waiters[1]], return_when=asyncio.FIRST_COMPLETED)
+        drained.cancel()
+    for waiter in waiters:
+        waiter.cancel()
     try:
         await asyncio.wait_for(server.stop("shutdown"), config.server.shutdown_timeout)
     except asyncio.TimeoutError:

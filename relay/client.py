@@ -66,6 +66,8 @@ class RelayClient:
         self.room_state: Optional[str] = None
         self.final_frames: Optional[int] = None
         """Frames the room produced in all, once it has ended."""
+        self.end_reason: Optional[str] = None
+        """Why the room ended (admin, empty, shutdown, draining, drain_deadline)."""
         self.desyncs: list[list] = []
         self.notices: list[list] = []
         self.next_frame = 0
@@ -251,6 +253,7 @@ class RelayClient:
             self.room_state = message[1]
             if message[1] == "ended":
                 self.final_frames = message[2]
+                self.end_reason = message[3] if len(message) > 3 else None
             self._state_changed.set()
             self._frame_ready.set()
         elif message[0] == protocol.DESYNC:

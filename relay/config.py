@@ -51,8 +51,11 @@ class ServerSettings:
     log_format: str = "text"
     """text: key=value lines; json: one JSON object per line."""
     log_level: str = "info"
+    drain_timeout: float = 30.0
+    """SIGTERM or POST /admin/drain: running matches may finish for this long before they are
+    ended with reason drain_deadline, seconds (0: end them at once)."""
     shutdown_timeout: float = 5.0
-    """Longest a SIGTERM/SIGINT shutdown may take before the process exits anyway, seconds."""
+    """Longest the final shutdown (after draining) may take before the process exits anyway, seconds."""
     max_peers: int = 4096
     """Connected clients (players and spectators) across all rooms."""
     mtu: int = 1200
@@ -65,6 +68,7 @@ class ServerSettings:
         _check_range("server.tick_rate", self.tick_rate, 10, 120)
         _check_choice("server.log_format", self.log_format, ("text", "json"))
         _check_choice("server.log_level", self.log_level, ("debug", "info", "warning", "error"))
+        _check_range("server.drain_timeout", self.drain_timeout, 0.0, 86400.0)
         _check_range("server.shutdown_timeout", self.shutdown_timeout, 0.1, 300.0)
         _check_range("server.max_peers", self.max_peers, 1, 1_000_000)
         _check_range("server.mtu", self.mtu, 576, 16384)

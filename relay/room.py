@@ -120,6 +120,9 @@ class Room:
     def spectator_count(self) -> int:
         return sum(1 for member in self.members.values() if member.spectator)
 
+    def has_player(self, player: str) -> bool:
+        return any(slot.player == player for slot in self.slots)
+
     def info(self) -> dict:
         return {
             "room": self.room_id, "state": self.state, "frame": self.open_frame,

@@ -66,6 +66,10 @@ class RelayServer:
         self.replays: dict[str, ReplayWriter] = {}
         self.notified: dict[int, set[str]] = {}
         self.draining = False
+        self.drain_deadline: Optional[float] = None
+        self._drain_timer: Optional[asyncio.TimerHandle] = None
+        self.drained = asyncio.Event()
+        """Set once draining has begun and no room is left."""
         self.stopping = False
         self.started_at = time.time()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -108,6 +112,8 @@ class RelayServer:
         self.draining = True
         self.metrics.set_draining(True)
         self.log.info("stopping", reason=reason, rooms=len(self.rooms), peers=self.endpoint.peer_count)
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         if self._scheduler is not None:
             await self._scheduler.stop()
         if self._stats_task is not None:
@@ -215,10 +221,12 @@ class RelayServer:
             self._refuse(peer_id, "already_joined", f"this connection is already in room "
                                                     f"{self.peer_room[peer_id]}")
             return
-        if self.draining:
-            self._refuse(peer_id, "draining", "the relay is shutting down; try another relay")
-            return
         room = self.rooms.get(join.room)
+        if self.draining and not (room is not None and room.state == RUNNING
+                                  and room.has_player(join.player)):
+            # Draining: matches in progress may finish (and their players reconnect), nothing new.
+            self._refuse(peer_id, "draining", "the relay is draining; try another relay")
+            return
         if room is None:
             if not self.settings.auto_create:
                 self._refuse(peer_id, "unknown_room", f"room {join.room} does not exist")
@@ -391,9 +399,11 @@ class RelayServer:
         self._flush()
 
     def _remove_room(self, room: Room) -> None:
-        del self.rooms[room.room_id]
+        self.rooms.pop(room.room_id, None)
         for peer_id in list(room.members):
             self.peer_room.pop(peer_id, None)
+        if self.draining and not self.rooms:
+            self.drained.set()
 
     async def _stats_loop(self) -> None:
         while True:
@@ -463,11 +473,41 @@ class RelayServer:
         return room.info()
 
     def drain(self) -> dict:
+        """Stop taking rooms and players at once (readiness goes false); running matches may
+        finish until drain_timeout, then they end with reason drain_deadline."""
         if not self.draining:
             self.draining = True
             self.metrics.set_draining(True)
-            self.log.info("draining", rooms=len(self.rooms))
-        return {"draining": True, "rooms": len(self.rooms)}
+            timeout = self.config.server.drain_timeout
+            self.drain_deadline = time.time() + timeout
+            for room in list(self.rooms.values()):
+                if room.state == WAITING:
+                    room.end("draining")
+                    self._drain(room)
+                    self._remove_room(room)
+            self._drain_timer = self.loop.call_later(timeout, self._drain_deadline_passed)
+            if not self.rooms:
+                self.drained.set()
+            self._flush()
+            self.log.info("draining", rooms=len(self.rooms), deadline_s=timeout)
+        return {"draining": True, "rooms": len(self.rooms),
+                "running": sum(1 for room in self.rooms.values() if room.state == RUNNING),
+                "deadline": self.drain_deadline}
+
+    def _drain_deadline_passed(self) -> None:
+        self._drain_timer = None
+        for room in list(self.rooms.values()):
+            room.end("drain_deadline")
+            self._drain(room)
+            self._remove_room(room)
+        self._flush()
+        self.drained.set()
+
+    async def drain_and_stop(self) -> None:
+        """SIGTERM: drain, wait for the matches to finish (bounded by drain_timeout), stop."""
+        self.drain()
+        await self.drained.wait()
+        await self.stop("shutdown")
 
     def _get_room(self, room_id: str) -> Room:
         room = self.rooms.get(room_id)

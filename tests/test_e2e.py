@@ -261,11 +261,11 @@ def free_port(kind=socket.SOCK_DGRAM):
         return sock.getsockname()[1]
 
 
-def test_sigterm_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path):
+def test_sigterm_drains_then_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path):
     udp_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
     env = dict(os.environ, RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(udp_port),
                RELAY_SERVER_HTTP_PORT=str(http_port), RELAY_REPLAY_DIRECTORY=str(tmp_path),
-               RELAY_SERVER_LOG_FORMAT="json")
+               RELAY_SERVER_LOG_FORMAT="json", RELAY_SERVER_DRAIN_TIMEOUT="1.5")
     process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -282,6 +282,11 @@ def test_sigterm_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path)
             await a.wait_for_state("running")
             await asyncio.gather(pa.play_until(45, 5), pb.play_until(45, 5))
             process.send_signal(signal.SIGTERM)
+            # Draining: the match goes on, new players are turned away...
+            await asyncio.gather(pa.play_until(60, 5), pb.play_until(60, 5))
+            with pytest.raises(RelayError, match="draining"):
+                await RelayClient.connect("127.0.0.1", udp_port, "another", "c")
+            # ...until the drain deadline ends it, with the reason delivered.
             await a.wait_for_state("ended", timeout=5)
             return a
         client = asyncio.run(scenario())
@@ -293,7 +298,7 @@ def test_sigterm_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path)
         [replay] = list(tmp_path.glob("*.replay"))
         reader = ReplayReader(replay)
         frames = list(reader.frames())
-        assert reader.complete and reader.end["reason"] == "shutdown"
+        assert reader.complete and reader.end["reason"] == "drain_deadline"
         assert [n for n, _ in frames] == list(range(len(frames)))
         assert len(frames) == client.final_frames
         # The SDK reads the replay back as the same frames a live client received.
@@ -303,3 +308,41 @@ def test_sigterm_ends_rooms_tells_clients_and_leaves_a_complete_replay(tmp_path)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_admin_drain_lets_running_matches_finish_until_the_deadline(tmp_path):
+    async def scenario():
+        async with running_room(tmp_path, "match", ["a", "b"], start_policy="players") as (server, (a, b)):
+            server.config.server.drain_timeout = 1.0
+            host, port = server.udp_address
+            lobby = await RelayClient.connect(host, port, "lobby", "solo")      # waiting room
+            await asyncio.gather(a.play_until(15, 5), b.play_until(15, 5))
+            loop = asyncio.get_running_loop()
+
+            def get(path):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}{path}",
+                                                timeout=5) as response:
+                        return response.status
+                except urllib.error.HTTPError as error:
+                    return error.code
+
+            assert await loop.run_in_executor(None, get, "/ready") == 200
+            request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/admin/drain",
+                                             data=b"{}", method="POST")
+            await loop.run_in_executor(None, lambda: urllib.request.urlopen(request, timeout=5).read())
+            assert await loop.run_in_executor(None, get, "/ready") == 503      # at once
+            await lobby.wait_for_state("ended", timeout=5)                      # not started: ended now
+            assert lobby.end_reason == "draining"
+            with pytest.raises(RelayError, match="draining"):
+                await RelayClient.connect(host, port, "match", "newcomer")
+            # The running match goes on, and its players may still reconnect.
+            await b.client.reconnect()
+            await asyncio.gather(a.play_until(40, 5), b.play_until(40, 5))
+            await a.client.wait_for_state("ended", timeout=5)
+            assert a.client.end_reason == "drain_deadline"
+            assert a.client.final_frames >= 40
+            assert server.drained.is_set() and not server.rooms
+            await lobby.close()
+
+    asyncio.run(scenario())
