@@ -1,0 +1,27 @@
+"""Every file shipped in configs/ loads through the real config loader."""
+from pathlib import Path
+
+import pytest
+
+from relay.config import load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+
+
+def test_the_shipped_configs_are_there():
+    names = {path.name for path in CONFIGS}
+    assert {"relay.toml", "moba-30hz.toml", "fighting-60hz.toml", "strategy-15hz.toml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_shipped_config_loads_and_validates(path):
+    config = load_config(path, environ={})
+    assert 10 <= config.server.tick_rate <= 120
+
+
+def test_example_configs_say_what_they_promise():
+    by_name = {path.name: load_config(path, environ={}) for path in CONFIGS}
+    moba, fighting, strategy = by_name["moba-30hz.toml"], by_name["fighting-60hz.toml"], by_name["strategy-15hz.toml"]
+    assert (moba.server.tick_rate, moba.rooms.capacity) == (30, 10)
+    assert (fighting.server.tick_rate, fighting.rooms.capacity) == (60, 2)
+    assert (strategy.server.tick_rate, strategy.rooms.capacity) == (15, 8)
