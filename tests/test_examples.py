@@ -1,0 +1,206 @@
+"""The example game client (examples/lockstep_client.py) against an in-process relay, and the
+example settings file (configs/relay.toml)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import sys
+import zlib
+from pathlib import Path
+
+from relay.config import load_config
+from relay.server import RelayServer
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK_RATE = 60
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("lockstep_client",
+                                                  ROOT / "examples" / "lockstep_client.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+example = _load_example()
+
+
+def _config(tmp_path: Path):
+    return load_config(environ={
+        "RELAY_SERVER_UDP_HOST": "127.0.0.1",
+        "RELAY_SERVER_UDP_PORT": "0",
+        "RELAY_SERVER_HTTP_HOST": "127.0.0.1",
+        "RELAY_SERVER_HTTP_PORT": "0",
+        "RELAY_SERVER_TICK_RATE": str(TICK_RATE),
+        "RELAY_REPLAY_DIRECTORY": str(tmp_path / "replays"),
+    })
+
+
+def _play(tmp_path: Path, players: list[dict], deadline: float = 60.0):
+    """Run a relay and one example client per entry of ``players`` (keyword arguments of
+    ``run()``, plus an optional ``start_after`` in seconds); returns (results, desyncs counted
+    by the relay)."""
+
+    async def main():
+        server = RelayServer(_config(tmp_path))
+        await server.start()
+        try:
+            host, port = server.udp_address
+
+            async def player(options: dict):
+                options = dict(options)
+                await asyncio.sleep(options.pop("start_after", 0.0))
+                return await example.run(host, port, **options)
+
+            results = await asyncio.wait_for(asyncio.gather(*(player(p) for p in players)),
+                                             deadline)
+            desyncs = server.metrics.registry.get_sample_value("relay_desyncs_total")
+        finally:
+            await asyncio.wait_for(server.stop("test over"), 10)
+        return results, desyncs
+
+    return asyncio.run(main())
+
+
+def _spawn(slot: int, player: str) -> tuple[int, int]:
+    world = example.World()
+    world.apply(example.Frame(0, [None] * (slot + 1), [["join", slot, player]]))
+    dot = world.dots[slot]
+    return dot.x, dot.y
+
+
+def test_two_players_end_in_the_same_state(tmp_path):
+    frames = 120
+    results, relay_desyncs = _play(tmp_path, [
+        dict(room="duel", player="alice", frames=frames),
+        dict(room="duel", player="bob", frames=frames),
+    ])
+    alice, bob = results
+    for result in results:
+        assert result.error is None, result.error
+        assert result.frames == frames
+        assert result.desyncs == []
+        assert result.inputs_sent >= frames
+        assert sorted(result.checksums) == [29, 59, 89, 119]
+    assert {alice.slot, bob.slot} == {0, 1}
+    assert alice.state == bob.state
+    assert alice.checksums == bob.checksums
+    assert relay_desyncs == 0
+    last_frame, dots = alice.state
+    assert last_frame == frames - 1
+    assert [(slot, player) for slot, player, *_ in dots] == sorted(
+        [(alice.slot, "alice"), (bob.slot, "bob")])
+    # The inputs really travelled: every dot walked away from where it spawned.
+    for slot, player, x, y, active in dots:
+        assert active
+        assert (x, y) != _spawn(slot, player)
+
+
+def test_late_joiner_catches_up_from_the_history(tmp_path):
+    frames = 150
+    results, relay_desyncs = _play(tmp_path, [
+        dict(room="late", player="alice", frames=frames),
+        dict(room="late", player="bob", frames=frames),
+        dict(room="late", player="carol", frames=frames, start_after=0.8),
+    ])
+    alice, bob, carol = results
+    for result in results:
+        assert result.error is None, result.error
+        assert result.frames == frames
+        assert result.desyncs == []
+    assert carol.slot == 2
+    assert alice.live_from == bob.live_from == 0
+    assert carol.live_from > 0          # frames 0 .. live_from-1 came as the history block
+    assert alice.state == bob.state == carol.state
+    assert alice.checksums == bob.checksums == carol.checksums
+    assert [player for _, player, *_ in carol.state[1]] == ["alice", "bob", "carol"]
+    assert relay_desyncs == 0
+
+
+def test_a_diverging_player_is_reported(tmp_path):
+    # Not what a game wants, but it shows that the equality above is checked by the relay too.
+    frames = 90
+    results, relay_desyncs = _play(tmp_path, [
+        dict(room="cheat", player="alice", frames=frames),
+        dict(room="cheat", player="bob", frames=frames, perturb_at=40),
+    ])
+    alice, bob = results
+    assert alice.checksums[29] == bob.checksums[29]
+    assert alice.checksums[59] != bob.checksums[59]
+    for result in results:
+        assert result.error is None, result.error
+        desync_frames = [frame for frame, _, _ in result.desyncs]
+        assert 59 in desync_frames and 29 not in desync_frames
+        frame, checksums, minority = result.desyncs[desync_frames.index(59)]
+        assert checksums == {"alice": alice.checksums[59], "bob": bob.checksums[59]}
+        assert minority == []           # one against one: nobody is the minority
+    assert relay_desyncs >= 1
+
+
+def test_example_config_file_holds_exactly_the_defaults():
+    defaults = load_config(environ={})
+    from_file = load_config(ROOT / "configs" / "relay.toml", environ={})
+    assert dataclasses.asdict(from_file) == dataclasses.asdict(defaults)
+    # ... and names every setting, so that it documents them all.
+    import tomllib
+
+    with open(ROOT / "configs" / "relay.toml", "rb") as handle:
+        document = tomllib.load(handle)
+    assert {section: sorted(values) for section, values in document.items()} == {
+        section: sorted(values) for section, values in dataclasses.asdict(defaults).items()}
+
+
+def _doc_examples() -> dict[str, tuple[bytes, int | None]]:
+    """The hex dumps of docs/RELAY_PROTOCOL.md marked ``<!-- example: NAME -->``: the bytes of
+    each line's leading hex column (the comment is separated by two or more spaces), and the
+    total the dump states ("NN bytes"), if any."""
+    import re
+
+    text = (ROOT / "docs" / "RELAY_PROTOCOL.md").read_text()
+    examples = {}
+    for match in re.finditer(r"<!-- example: ([\w-]+) -->\n```\n(.*?)```", text, re.S):
+        data, total = bytearray(), None
+        for line in match.group(2).splitlines():
+            column = re.split(r"\s{2,}", line.strip())[0]
+            if re.fullmatch(r"[0-9A-F]{2}( [0-9A-F]{2})*", column):
+                data += bytes.fromhex(column)
+            elif re.fullmatch(r"\d+ bytes", line.strip()):
+                total = int(line.split()[0])
+        examples[match.group(1)] = (bytes(data), total)
+    return examples
+
+
+def test_protocol_doc_worked_examples():
+    from relay import protocol
+    from relay_core import decode_packet
+
+    examples = _doc_examples()
+    assert set(examples) == {"frame", "input", "input-datagram", "history"}
+    frame = protocol.Frame(1000, [b"\x01\xff", None, b"\x00\x01"], [["join", 2, "carol"]]).encode()
+    message = protocol.Input(1002, b"\x01\xff", 1000).encode()
+    assert examples["frame"] == (frame, 29)
+    assert examples["input"] == (message, 12)
+    assert protocol.decode_relay_message(frame) == protocol.Frame(
+        1000, [b"\x01\xff", None, b"\x00\x01"], [["join", 2, "carol"]])
+    assert protocol.decode_client_message(message) == protocol.Input(1002, b"\x01\xff", 1000)
+
+    datagram, total = examples["input-datagram"]
+    assert total == len(datagram) == 36
+    assert decode_packet(datagram) == {
+        "type": "data", "session_id": 0x1A2B3C4D, "seq": 1234, "ack": 1240,
+        "ack_bits": 0xFFFFFFFF, "send_time": 0x5000, "echo_time": 0x4FD0,
+        "records": [{"kind": "message", "channel": 1, "msg_id": 1003, "payload": message.hex()}],
+    }
+
+    history, _ = examples["history"]
+    assert history == protocol.pack(1000, [frame])
+    assert protocol.decode_history(zlib.compress(history)) == (1000, [frame])
+
+    text = " ".join((ROOT / "docs" / "RELAY_PROTOCOL.md").read_text().split())
+    for message in (protocol.Join("lobby-1", "alice", False).encode(),
+                    protocol.room_state("running", 0),
+                    protocol.Checksum(59, 0xB905CBAEA759424B).encode()):
+        assert f"`{message.hex(' ').upper()}`" in text
