@@ -57,7 +57,8 @@ def client_config(ack_delay: float = 1 / 30, **overrides) -> EndpointConfig:
 class RelayClient:
     def __init__(self, host: str, port: int, room: str, player: str, spectator: bool = False,
                  config: Optional[EndpointConfig] = None):
-        self.server_address = (socket.gethostbyname(host), port)
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        self.server_address = address[:2]
         self.room = room
         self.player = player
         self.spectator = spectator
@@ -96,6 +97,7 @@ class RelayClient:
 
     async def _open(self, timeout: float) -> None:
         self.endpoint = Endpoint(self.config)
+        self.welcome = None
         family_host = "::" if ":" in self.server_address[0] else "0.0.0.0"
         self.driver = await open_driver(self.endpoint, (family_host, 0), self._on_events)
         self._ready.clear()
@@ -105,11 +107,18 @@ class RelayClient:
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except asyncio.TimeoutError:
-            self.driver.close()
+            self._hang_up()
             raise RelayError("timeout", f"no welcome from {self.server_address} within {timeout} s") from None
         if self._error is not None:
-            self.driver.close()
+            self._hang_up()
             raise self._error
+
+    def _hang_up(self) -> None:
+        """Close without waiting: say goodbye if connected, so the relay frees the slot now."""
+        if self.endpoint.is_connected(self.peer_id):
+            self.endpoint.disconnect(self.peer_id, "closed")
+            self.driver.flush()
+        self.driver.close()
 
     async def reconnect(self, timeout: float = 5.0) -> None:
         """Drop this connection (as a network change would) and rejoin with the same player
@@ -247,8 +256,11 @@ class RelayClient:
             self._ready.set()
             self._state_changed.set()
         elif message[0] == protocol.REFUSED:
-            self._error = RelayError(message[1], message[2])
-            self._ready.set()
+            if self.welcome is None:
+                self._error = RelayError(message[1], message[2])
+                self._ready.set()
+            else:
+                self.notices.append(message[1:])    # e.g. a second JOIN on this connection
         elif message[0] == protocol.ROOM_STATE:
             self.room_state = message[1]
             if message[1] == "ended":

@@ -122,6 +122,12 @@ class RoomSettings:
         _check_range("rooms.max_spectators", self.max_spectators, 0, 10_000)
         _check_range("rooms.catchup_frames", self.catchup_frames, 2, 1_000_000)
         _check_range("rooms.checksum_window", self.checksum_window, 1, 1_000_000)
+        # Every frame must fit one reliable message of the core (256 KiB): inputs plus framing.
+        worst_frame = self.capacity * (self.max_input_bytes + 5) + 64
+        if worst_frame > 256 * 1024:
+            raise ConfigError(f"rooms.capacity={self.capacity} x rooms.max_input_bytes="
+                              f"{self.max_input_bytes}: a full frame ({worst_frame} bytes) must fit "
+                              f"256 KiB; lower one of them")
 
 
 @dataclass

@@ -30,8 +30,8 @@ from relay_core.wire import DROP_REASONS
 ROOM_STATES = ("waiting", "running", "ended")
 INPUT_OUTCOMES = ("accepted", "late", "duplicate", "refused")
 INPUT_REFUSAL_REASONS = ("too_large", "too_far_ahead", "not_running", "not_a_player",
-                         "late_dropped", "malformed")
-APP_DROP_REASONS = ("malformed_message",)
+                         "late_dropped")
+APP_DROP_REASONS = ("malformed_message", "wrong_channel", "unexpected_block", "too_large")
 """Drops the relay itself counts (a datagram the core delivered but the app protocol rejects)."""
 DROP_REASON_LABELS = tuple(DROP_REASONS) + APP_DROP_REASONS
 BLOCK_OUTCOMES = ("started", "delivered")

@@ -23,6 +23,9 @@ WAITING, RUNNING, ENDED = "waiting", "running", "ended"
 
 # A diverging checksum waits at most this many frames for the other players' reports.
 DESYNC_WAIT_FRAMES = 30
+# Frames per history block: a 30 Hz match's hour of history is ~7 blocks, each well under the
+# core's block size limit even with large inputs.
+HISTORY_BLOCK_FRAMES = 16384
 
 
 class JoinRefused(Exception):
@@ -72,6 +75,7 @@ class Member:
     """First frame this member receives on the STREAM channel."""
     catching_up: bool = False
     """A history or catch-up block is in flight; live frames still go out behind it."""
+    blocks_in_flight: int = 0
     block_first: int = 0
     block_end: int = -1
     """Frames of the block in flight: the client holds everything up to block_end once delivered."""
@@ -163,6 +167,11 @@ class Room:
             if slot is None:
                 raise JoinRefused("room_full", f"room {self.room_id} is full ({self.capacity} players)")
             slot.player, slot.peer_id, slot.ready, slot.away_since = player, peer_id, False, None
+            # Nothing of the previous owner's may reach the newcomer's frames or verdicts.
+            for inputs in self.pending_inputs.values():
+                inputs.pop(slot.index, None)
+            for by_slot in self.checksums.values():
+                by_slot.pop(slot.index, None)
         member = self._admit(peer_id, player, slot.index, spectator=False)
         self.pending_events.append(["join", slot.index, player])
         self.events.append(RoomEvent("joined", {"player": player, "slot": slot.index,
@@ -216,9 +225,13 @@ class Room:
         return member
 
     def _send_block(self, member: Member, first: int, end: int) -> None:
-        """Frames first..end-1 from the history, as one compressed block."""
-        self.actions.append(Action("block", member.peer_id,
-                                   data=protocol.encode_history(first, self.history[first:end])))
+        """Frames first..end-1 from the history, as compressed blocks of at most
+        HISTORY_BLOCK_FRAMES frames each (a long match's history stays under the block limit)."""
+        for start in range(first, end, HISTORY_BLOCK_FRAMES):
+            stop = min(end, start + HISTORY_BLOCK_FRAMES)
+            self.actions.append(Action("block", member.peer_id,
+                                       data=protocol.encode_history(start, self.history[start:stop])))
+            member.blocks_in_flight += 1
         member.catching_up = True
         member.block_first = first
         member.block_end = end - 1
@@ -297,6 +310,12 @@ class Room:
             return
         self.state = ENDED
         self.end_reason = reason
+        # The match is over: spectators get the frames their delay still held back.
+        for member in self.members.values():
+            if member.spectator:
+                for number in range(max(member.last_sent + 1, member.next_live), self.open_frame):
+                    self.actions.append(Action("send", member.peer_id, STREAM, self.history[number]))
+                member.last_sent = self.open_frame - 1
         self._broadcast(CONTROL, protocol.room_state(ENDED, self.open_frame, reason))
         self.events.append(RoomEvent("ended", {"reason": reason, "frames": self.open_frame}))
 
@@ -432,6 +451,7 @@ class Room:
         if member is None:
             return
         if what == "block":
+            member.blocks_in_flight = 0
             member.catching_up = False
             lost = member.block_first
         else:
@@ -441,6 +461,9 @@ class Room:
     def on_block_delivered(self, peer_id: int) -> None:
         member = self.members.get(peer_id)
         if member is not None:
+            member.blocks_in_flight = max(0, member.blocks_in_flight - 1)
+            if member.blocks_in_flight:
+                return
             member.catching_up = False
             # Everything closed so far was in the block or is queued on the stream behind it.
             member.have = max(member.have, member.block_end,

@@ -190,7 +190,10 @@ class RelayServer:
             return
         room = self._room_of(peer_id)
         if isinstance(message, Input):
-            if channel != STREAM or room is None:
+            if channel != STREAM:
+                self._drop(peer_id, "wrong_channel", "inputs go on channel 1", notice_code="wrong_channel")
+                return
+            if room is None:
                 self._refuse_input(peer_id, "not_a_player")
                 return
             outcome = room.on_input(peer_id, message)
@@ -318,6 +321,16 @@ class RelayServer:
             self._report(room, event)
 
     def _execute(self, room: Room, action: Action) -> None:
+        try:
+            self._carry_out(room, action)
+        except ValueError as error:
+            # The core refuses a message or block beyond its size limits (a huge frame or
+            # history): this member misses it, the room goes on.
+            self.metrics.drops.labels(reason="too_large").inc()
+            self.log.error("send_refused", room=room.room_id, peer=action.peer_id,
+                           kind=action.kind, bytes=len(action.data), error=str(error))
+
+    def _carry_out(self, room: Room, action: Action) -> None:
         if action.kind == "send":
             if not self.endpoint.send(action.peer_id, action.channel, action.data):
                 if action.channel == STREAM and self.endpoint.is_connected(action.peer_id):

@@ -269,3 +269,8 @@ def test_relay_serve_with_a_missing_config_exits_2(tmp_path):
     result = _serve(path)
     assert result.returncode == 2, result.stderr
     assert str(path) in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_room_whose_full_frame_cannot_fit_one_message_is_refused():
+    with pytest.raises(ConfigError, match="capacity=256 x rooms.max_input_bytes=4096"):
+        load_config(environ={"RELAY_ROOMS_CAPACITY": "256", "RELAY_ROOMS_MAX_INPUT_BYTES": "4096"})

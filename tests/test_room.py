@@ -822,3 +822,43 @@ def test_frame_numbers_and_bytes_stay_consistent_over_1200_ticks():
         assert client.frame_bytes == history
         assert client.blocks == []
     assert watcher.frame_bytes == history[:1200 - 30]
+
+
+def test_spectators_receive_every_frame_when_the_room_ends():
+    harness, (alice, bob) = running(spectator_delay=20)
+    watcher = harness.join("watcher", spectator=True)
+    harness.tick(50)
+    harness.room.end("admin")
+    harness.pump()
+    numbers = [f.number for f in watcher.frames]
+    assert numbers == list(range(50)), "the delay's worth of frames is released at the end"
+    assert watcher.of_type(protocol.ROOM_STATE)[-1][1:] == ["ended", 50, "admin"]
+
+
+def test_a_reused_slot_carries_nothing_of_its_previous_owner():
+    harness, (alice, bob) = running(capacity=2, reconnect_grace=1.0, max_input_lead=300)
+    harness.tick()
+    assert harness.input(bob, 100, b"old bob") == "accepted"
+    harness.room.detach(bob.peer_id, "timeout", now=0.0)
+    harness.checksum(alice, 0, 1)
+    carol = harness.join("carol", now=5.0)              # bob's grace has run out
+    assert carol.welcome.slot == 1
+    harness.tick(105)
+    frame_100 = next(f for f in alice.frames if f.number == 100)
+    assert frame_100.inputs[1] is None
+
+
+def test_a_long_history_goes_in_several_blocks(monkeypatch):
+    import relay.room
+
+    monkeypatch.setattr(relay.room, "HISTORY_BLOCK_FRAMES", 10)
+    harness, (alice, bob) = running()
+    harness.tick(35)
+    late = harness.join("late")
+    assert [first for first, _ in late.blocks] == [0, 10, 20, 30]
+    assert late.merged_frames()[:35] == alice.frame_bytes[:35]
+    for _ in range(3):
+        harness.room.on_block_delivered(late.peer_id)
+    assert harness.room.members[late.peer_id].catching_up
+    harness.room.on_block_delivered(late.peer_id)
+    assert not harness.room.members[late.peer_id].catching_up

@@ -1,0 +1,593 @@
+"""Agones integration: tell the Agones SDK sidecar about this relay over its local REST gateway.
+
+Under Agones every game-server pod runs a sidecar that serves the SDK as JSON over HTTP on
+``localhost:$AGONES_SDK_HTTP_PORT`` (9358 unless Agones says otherwise). This module speaks to
+it with aiohttp; the relay's game loop never waits on it:
+
+* ``start()`` sends Ready (retried forever with a capped exponential backoff: a GameServer
+  that never becomes Ready is useless) and starts a health task that posts Health every
+  ``health_interval`` seconds. If nothing listens on the port (the relay runs outside Agones,
+  or the sidecar starts after it) one warning is logged and everything keeps retrying in the
+  background; ``start()`` returns after at most ``request_timeout``.
+* ``room_state()``, ``set_counts()``, ``player_joined()``/``player_left()`` and
+  ``set_player_capacity()`` are synchronous and only queue an update. One sender task delivers
+  the queue once Ready went through. The queue holds one entry per key (a label, an annotation,
+  a player id): a newer value replaces the queued one, a value equal to what the sidecar
+  already has is not sent again, and past ``max_pending`` keys the least recently updated entry
+  is dropped. A failed update is retried ``max_retries`` times with backoff, then logged and
+  dropped; a failed Health ping is simply sent again at the next interval.
+* ``shutdown()`` posts Shutdown (with retries); ``request_shutdown()`` does the same from
+  synchronous code. ``shutdown_when_empty`` makes the client request it by itself when the last
+  live room it was told about ends, once at least one match ran.
+
+What ends up on the GameServer (the sidecar prefixes every key with ``agones.dev/sdk-``):
+
+* labels ``relay-rooms`` (rooms waiting or running, from ``room_state``), ``relay-rooms-running``
+  and ``relay-players`` (from ``set_counts``); values are sanitized to valid label values;
+* one annotation per room, ``relay-room-<room>`` = ``{"room": .., "state": .., "players": ..}``.
+  Room names come from clients, so the key is sanitized (invalid characters replaced, a hash of
+  the real name appended when anything was changed) and at most ``max_room_annotations``
+  distinct rooms get one: the SDK cannot remove an annotation, and the sidecar writes all of
+  them in one GameServer update, so a single invalid or oversized one would block every later
+  label and annotation change.
+
+Endpoints used: POST /ready, /health, /shutdown, /allocate {}; GET /gameserver;
+PUT /metadata/label, /metadata/annotation {"key", "value"}; POST /alpha/player/connect,
+/alpha/player/disconnect {"playerID"}; PUT /alpha/player/capacity {"count"}.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import aiohttp
+
+from relay.logs import get_logger
+
+DEFAULT_PORT = 9358
+PORT_ENV = "AGONES_SDK_HTTP_PORT"
+SDK_PREFIX = "agones.dev/sdk-"
+"""What the sidecar puts in front of every label and annotation key."""
+
+LABEL_ROOMS = "relay-rooms"
+LABEL_ROOMS_RUNNING = "relay-rooms-running"
+LABEL_PLAYERS = "relay-players"
+ROOM_ANNOTATION_PREFIX = "relay-room-"
+
+MAX_LABEL_VALUE = 63
+MAX_KEY_NAME = 63 - len(SDK_PREFIX.split("/", 1)[1])
+"""A key's name part is at most 63 characters, and the sidecar adds "sdk-" to it."""
+MAX_PENDING = 1024
+MAX_ROOM_ANNOTATIONS = 128
+LIVE_ROOM_STATES = ("waiting", "running")
+
+_INVALID_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+_VALID_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
+
+
+def sanitize_label_value(value: Any) -> str:
+    """A valid Kubernetes label value made from ``value``: at most 63 characters of
+    [A-Za-z0-9_.-], starting and ending alphanumeric; other characters become '-'. May be ''."""
+    text = _INVALID_VALUE_CHARS.sub("-", str(value))
+    text = _EDGE.sub("", text)[:MAX_LABEL_VALUE]
+    return _EDGE.sub("", text)
+
+
+def is_valid_label_value(value: str) -> bool:
+    return len(value) <= MAX_LABEL_VALUE and _VALID_VALUE.match(value) is not None
+
+
+def is_valid_key(key: str) -> bool:
+    """True if ``agones.dev/sdk-<key>`` is a valid label/annotation key."""
+    return 0 < len(key) <= MAX_KEY_NAME and _VALID_VALUE.match(key) is not None
+
+
+def room_annotation_key(room: str) -> str:
+    """``relay-room-<room>``, made a valid key: a room name that had to be changed (invalid
+    characters, too long) gets an 8-hex-digit hash of the real name so two rooms never share
+    a key by accident."""
+    room = str(room)
+    budget = MAX_KEY_NAME - len(ROOM_ANNOTATION_PREFIX)
+    if _VALID_VALUE.match(room) and 0 < len(room) <= budget:
+        return ROOM_ANNOTATION_PREFIX + room
+    digest = hashlib.sha1(room.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    base = sanitize_label_value(room)[:budget - 9]
+    base = _EDGE.sub("", base)
+    return f"{ROOM_ANNOTATION_PREFIX}{base}-{digest}" if base else f"{ROOM_ANNOTATION_PREFIX}{digest}"
+
+
+@dataclass
+class AgonesSettings:
+    enabled: bool = False
+    """Talk to the Agones SDK sidecar (run under Agones only)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """The sidecar's HTTP port; 0 (or None) = $AGONES_SDK_HTTP_PORT, else 9358."""
+    health_interval: float = 5.0
+    """Seconds between Health pings; keep it well under the GameServer's health.periodSeconds."""
+    shutdown_when_empty: bool = False
+    """Ask Agones to shut this GameServer down once the last live room ended (after a match)."""
+    player_tracking: bool = False
+    """Report player connects/disconnects (Agones PlayerTracking alpha feature gate)."""
+    request_timeout: float = 2.0
+    max_retries: int = 5
+    """Retries after a failed update or Shutdown before it is dropped (Ready retries forever)."""
+    backoff_initial: float = 0.2
+    backoff_max: float = 5.0
+
+    def validate(self) -> "AgonesSettings":
+        from relay.config import ConfigError   # lazy: relay.config may import this module
+
+        def check(key: str, value, low, high) -> None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ConfigError(f"agones.{key}={value!r}: allowed {low}..{high}")
+
+        if not isinstance(self.host, str) or not self.host or any(c.isspace() for c in self.host):
+            raise ConfigError(f"agones.host={self.host!r}: a host name or address")
+        if self.port is not None:
+            check("port", self.port, 0, 65535)
+        check("health_interval", self.health_interval, 0.01, 300.0)
+        check("request_timeout", self.request_timeout, 0.01, 60.0)
+        check("max_retries", self.max_retries, 0, 100)
+        check("backoff_initial", self.backoff_initial, 0.001, 60.0)
+        check("backoff_max", self.backoff_max, self.backoff_initial, 600.0)
+        return self
+
+
+def resolve_port(settings: AgonesSettings, environ: Optional[Mapping[str, str]] = None) -> int:
+    """The configured port, else $AGONES_SDK_HTTP_PORT, else 9358."""
+    if settings.port:
+        return int(settings.port)
+    raw = (os.environ if environ is None else environ).get(PORT_ENV, "").strip()
+    if raw:
+        try:
+            port = int(raw)
+        except ValueError:
+            port = -1
+        if not 0 < port <= 65535:
+            raise ValueError(f"{PORT_ENV}={raw!r}: not a TCP port number")
+        return port
+    return DEFAULT_PORT
+
+
+@dataclass
+class _Update:
+    method: str
+    path: str
+    body: dict
+
+    def same(self, other: Optional["_Update"]) -> bool:
+        return (other is not None and self.method == other.method and self.path == other.path
+                and self.body == other.body)
+
+
+class AgonesClient:
+    """The relay's side of the Agones SDK. Create it always; with ``enabled`` false every
+    method is a no-op, so the server needs no conditionals."""
+
+    def __init__(self, settings: AgonesSettings, log=None,
+                 session_factory: Optional[Callable[[], aiohttp.ClientSession]] = None,
+                 environ: Optional[Mapping[str, str]] = None):
+        self.settings = settings
+        self.log = log if log is not None else get_logger("relay.agones")
+        self.enabled = bool(settings.enabled)
+        self.player_tracking = bool(settings.player_tracking)
+        self._session_factory = session_factory
+        self.host = settings.host
+        self.port = resolve_port(settings, environ) if self.enabled else (settings.port or DEFAULT_PORT)
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        self.base_url = f"http://{host}:{self.port}"
+        self.max_pending = MAX_PENDING
+        self.max_room_annotations = MAX_ROOM_ANNOTATIONS
+
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._ready_task: Optional[asyncio.Task] = None
+        self._health_task: Optional[asyncio.Task] = None
+        self._sender_task: Optional[asyncio.Task] = None
+        self._side_tasks: set[asyncio.Task] = set()
+        self._shutdown_task: Optional[asyncio.Task] = None
+        self._ready_event = asyncio.Event()
+        self._first_ready_attempt = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        self._pending: OrderedDict[tuple, _Update] = OrderedDict()
+        self._delivered: dict[tuple, _Update] = {}
+        self._rooms: dict[str, str] = {}
+        self._annotated: set[str] = set()
+        self._match_ran = False
+        self._started = False
+        self._stopping: Optional[asyncio.Future] = None
+        self._unreachable = False
+        self._warned: set[str] = set()
+
+        self.requests_ok = 0
+        self.requests_failed = 0
+        self.last_error: Optional[str] = None
+        self.ready_sent = False
+        self.health_sent = 0
+        self.shutdown_sent = False
+        self.updates_sent = 0
+        self.updates_failed = 0
+        self.updates_dropped = 0
+        self.annotations_skipped = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Send Ready and start the health and sender tasks. Returns once the first Ready
+        attempt finished (at most ``request_timeout``); never raises for a missing sidecar."""
+        if not self.enabled or self._started or self._stopping is not None:
+            return
+        self._started = True
+        self._ensure_session()
+        loop = asyncio.get_running_loop()
+        self._ready_task = loop.create_task(self._ready_loop(), name="agones-ready")
+        self._health_task = loop.create_task(self._health_loop(), name="agones-health")
+        self._sender_task = loop.create_task(self._sender_loop(), name="agones-sender")
+        try:
+            await asyncio.wait_for(self._first_ready_attempt.wait(), self.settings.request_timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def stop(self) -> None:
+        """Cancel every task and close the HTTP session; safe to call more than once. A
+        Shutdown request in flight gets up to ``request_timeout`` to finish first."""
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+            return
+        self._stopping = asyncio.get_running_loop().create_future()
+        try:
+            if self._shutdown_task is not None and not self._shutdown_task.done():
+                await asyncio.wait({self._shutdown_task}, timeout=self.settings.request_timeout)
+            tasks = [task for task in (self._ready_task, self._health_task, self._sender_task,
+                                       self._shutdown_task, *self._side_tasks)
+                     if task is not None and not task.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            self._side_tasks.clear()
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+            if self.enabled:
+                self.log.info("agones_stopped", **self.stats())
+        finally:
+            self._stopping.set_result(None)
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if self._session_factory is not None:
+                self._session = self._session_factory()
+            else:
+                # trust_env=False: an HTTP(S)_PROXY in the pod must not capture localhost calls.
+                self._session = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout),
+                    trust_env=False)
+        return self._session
+
+    def _spawn(self, coro, name: str) -> Optional[asyncio.Task]:
+        if self._stopping is not None:
+            coro.close()
+            return None
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
+
+    # -- what the server reports (synchronous, never blocks) ---------------------------------
+
+    def room_state(self, room: str, state: str, players: int) -> None:
+        """A room was created, changed state or gained/lost players. Queues the room's
+        annotation and the ``relay-rooms`` label; with ``shutdown_when_empty``, the last live
+        room ending (after at least one match ran) requests Shutdown."""
+        if not self.enabled:
+            return
+        room, state = str(room), str(state)
+        if state in LIVE_ROOM_STATES:
+            self._rooms[room] = state
+            if state == "running":
+                self._match_ran = True
+        else:
+            self._rooms.pop(room, None)
+        if room in self._annotated or len(self._annotated) < self.max_room_annotations:
+            self._annotated.add(room)
+            key = room_annotation_key(room)
+            value = json.dumps({"room": room, "state": state, "players": int(players)},
+                               separators=(",", ":"), sort_keys=True)
+            self._enqueue(("annotation", key), "PUT", "/metadata/annotation",
+                          {"key": key, "value": value})
+        else:
+            self.annotations_skipped += 1
+            self._warn_once("annotations", "agones_room_annotations_capped",
+                            limit=self.max_room_annotations,
+                            detail="further rooms get no relay-room-* annotation")
+        self._set_label(LABEL_ROOMS, len(self._rooms))
+        if (self.settings.shutdown_when_empty and self._match_ran and not self._rooms
+                and state not in LIVE_ROOM_STATES):
+            self.log.info("agones_empty", detail="last room ended; requesting shutdown")
+            self.request_shutdown()
+
+    def set_counts(self, rooms_running: int, players: int) -> None:
+        """Labels ``relay-rooms-running`` and ``relay-players`` (sent only when they change)."""
+        if not self.enabled:
+            return
+        self._set_label(LABEL_ROOMS_RUNNING, int(rooms_running))
+        self._set_label(LABEL_PLAYERS, int(players))
+
+    def player_joined(self, player_id: str) -> None:
+        """PlayerConnect (alpha), if ``player_tracking``. Player ids are GameServer-wide: pass
+        something unique across rooms, e.g. ``f"{room}/{player}"``."""
+        if self.enabled and self.player_tracking:
+            self._enqueue(("player", str(player_id)), "POST", "/alpha/player/connect",
+                          {"playerID": str(player_id)})
+
+    def player_left(self, player_id: str) -> None:
+        if self.enabled and self.player_tracking:
+            self._enqueue(("player", str(player_id)), "POST", "/alpha/player/disconnect",
+                          {"playerID": str(player_id)})
+
+    def set_player_capacity(self, count: int) -> None:
+        """PlayerCapacity (alpha), if ``player_tracking``. Agones refuses PlayerConnect beyond
+        it, and it starts at the GameServer's ``players.initialCapacity`` (0 unless set)."""
+        if self.enabled and self.player_tracking:
+            self._enqueue(("capacity",), "PUT", "/alpha/player/capacity", {"count": int(count)})
+
+    def set_label(self, key: str, value: Any) -> None:
+        """Any other label; ``key`` must be a valid key name, the value is sanitized."""
+        if not self.enabled:
+            return
+        if not is_valid_key(key):
+            raise ValueError(f"label key {key!r}: 1..{MAX_KEY_NAME} of [A-Za-z0-9_.-], "
+                             "starting and ending alphanumeric")
+        self._set_label(key, value)
+
+    def _set_label(self, key: str, value: Any) -> None:
+        value = sanitize_label_value(value)
+        self._enqueue(("label", key), "PUT", "/metadata/label", {"key": key, "value": value})
+
+    def _enqueue(self, key: tuple, method: str, path: str, body: dict) -> None:
+        if self._stopping is not None:
+            return
+        update = _Update(method, path, body)
+        queued = self._pending.get(key)
+        if queued is not None:
+            if not update.same(queued):
+                self._pending[key] = update
+            self._pending.move_to_end(key)
+            return
+        if update.same(self._delivered.get(key)):
+            return
+        while len(self._pending) >= self.max_pending:
+            dropped_key, _ = self._pending.popitem(last=False)
+            self.updates_dropped += 1
+            self._warn_once("queue_full", "agones_queue_full", limit=self.max_pending,
+                            dropped=str(dropped_key),
+                            detail="least recently updated entries are dropped")
+        self._pending[key] = update
+        self._wakeup.set()
+
+    # -- requests the server awaits ---------------------------------------------------------
+
+    async def shutdown(self) -> bool:
+        """POST /shutdown (with retries); True once the sidecar accepted it. Concurrent calls
+        share one request; after success it is not sent again."""
+        if not self.enabled or self.shutdown_sent or self._stopping is not None:
+            return self.shutdown_sent
+        task = self._shutdown_task
+        if task is None or task.done():
+            task = self._shutdown_task = asyncio.get_running_loop().create_task(
+                self._shutdown_once(), name="agones-shutdown")
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current is not None and current.cancelling()):
+                return False        # stop() cancelled the request, not our caller
+            raise
+
+    async def _shutdown_once(self) -> bool:
+        ok = await self._send_with_retries("POST", "/shutdown", {}, "shutdown")
+        if ok:
+            self.shutdown_sent = True
+        return ok
+
+    def request_shutdown(self) -> None:
+        """``shutdown()`` from synchronous code (the game loop): runs in the background."""
+        if self.enabled and not self.shutdown_sent and (
+                self._shutdown_task is None or self._shutdown_task.done()):
+            self._spawn(self.shutdown(), "agones-request-shutdown")
+
+    async def allocate(self) -> bool:
+        """POST /allocate (with retries): mark this GameServer Allocated, so a fleet scale-down
+        will not delete it, when players reach it without a GameServerAllocation."""
+        if not self.enabled or self._stopping is not None:
+            return False
+        return await self._send_with_retries("POST", "/allocate", {}, "allocate")
+
+    async def get_gameserver(self) -> Optional[dict]:
+        """GET /gameserver (one attempt): the GameServer as JSON, or None."""
+        if not self.enabled or self._stopping is not None:
+            return None
+        ok, _retry, text = await self._request("GET", "/gameserver", None)
+        if not ok:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+    def stats(self) -> dict:
+        return {
+            "enabled": self.enabled, "url": self.base_url,
+            "requests_ok": self.requests_ok, "requests_failed": self.requests_failed,
+            "last_error": self.last_error, "ready_sent": self.ready_sent,
+            "health_sent": self.health_sent, "shutdown_sent": self.shutdown_sent,
+            "updates_sent": self.updates_sent, "updates_failed": self.updates_failed,
+            "updates_dropped": self.updates_dropped, "pending": len(self._pending),
+            "annotations_skipped": self.annotations_skipped,
+            "sidecar_reachable": not self._unreachable,
+        }
+
+    # -- background tasks -------------------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        settings = self.settings
+        return min(settings.backoff_max, settings.backoff_initial * (2 ** min(attempt, 30)))
+
+    async def _ready_loop(self) -> None:
+        attempt = 0
+        while True:
+            ok, _retry, text = await self._request("POST", "/ready", {})
+            self._first_ready_attempt.set()
+            if ok:
+                self.ready_sent = True
+                self._ready_event.set()
+                self.log.info("agones_ready", url=self.base_url, attempts=attempt + 1)
+                return
+            if attempt == 0 and not self._unreachable:
+                self.log.warning("agones_ready_failed", url=self.base_url, error=self.last_error,
+                                 detail="retrying in the background")
+            await asyncio.sleep(self._backoff(attempt))
+            attempt += 1
+
+    async def _health_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.settings.health_interval
+        due = loop.time()
+        failing = False
+        while True:
+            ok, _retry, _text = await self._request("POST", "/health", {})
+            if ok:
+                self.health_sent += 1
+                if failing:
+                    self.log.info("agones_health_recovered")
+                failing = False
+            elif not failing:
+                failing = True
+                if not self._unreachable:
+                    self.log.warning("agones_health_failed", error=self.last_error,
+                                     detail="pinging again every interval")
+            due += interval
+            now = loop.time()
+            if due < now:       # a slow request or a stalled loop: no burst of catch-up pings
+                due = now
+            await asyncio.sleep(due - now)
+
+    async def _sender_loop(self) -> None:
+        await self._ready_event.wait()      # updates wait (coalescing) until the sidecar is up
+        while True:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            key, update = self._pending.popitem(last=False)
+            await self._deliver(key, update)
+
+    async def _deliver(self, key: tuple, update: _Update) -> None:
+        for attempt in range(self.settings.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt - 1))
+                if key in self._pending:    # superseded while waiting: the newer value goes
+                    return
+            ok, retry, text = await self._request(update.method, update.path, update.body)
+            if ok:
+                self.updates_sent += 1
+                if update.path == "/alpha/player/disconnect":
+                    self._delivered.pop(key, None)      # forget players who left
+                else:
+                    self._delivered[key] = update
+                return
+            if update.path.startswith("/alpha/player/") and self._player_refusal(text, update):
+                retry = False
+            if not retry:
+                break
+        self.updates_failed += 1
+        self._delivered.pop(key, None)
+        self.log.warning("agones_update_dropped", method=update.method, path=update.path,
+                         body=update.body, error=self.last_error,
+                         attempts=attempt + 1)
+
+    def _player_refusal(self, text: str, update: _Update) -> bool:
+        """Errors from the player-tracking endpoints that no retry will fix."""
+        lowered = text.lower()
+        if "not enabled" in lowered:
+            self.player_tracking = False
+            for key in [k for k in self._pending if k[0] in ("player", "capacity")]:
+                del self._pending[key]
+            self._warn_once("player_tracking", "agones_player_tracking_unavailable",
+                            error=text[:200], detail="the PlayerTracking feature gate is off; "
+                            "player tracking disabled")
+            return True
+        if "capacity" in lowered:
+            self._warn_once("player_capacity", "agones_player_capacity_reached", error=text[:200],
+                            detail="set the GameServer's players.initialCapacity or call "
+                            "set_player_capacity")
+            return True
+        return False
+
+    async def _send_with_retries(self, method: str, path: str, body: dict, what: str) -> bool:
+        attempts = self.settings.max_retries + 1
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt - 1))
+            ok, retry, _text = await self._request(method, path, body)
+            if ok:
+                self.log.info(f"agones_{what}", url=self.base_url, attempts=attempt + 1)
+                return True
+            if not retry:
+                break
+        self.log.error(f"agones_{what}_failed", url=self.base_url, error=self.last_error,
+                       attempts=attempt + 1)
+        return False
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, body: Optional[dict]) -> tuple[bool, bool, str]:
+        """One call. Returns (ok, worth retrying, response text); never raises but on cancel."""
+        session = self._ensure_session()
+        url = self.base_url + path
+        try:
+            async with session.request(
+                    method, url, json=body,
+                    timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout)) as response:
+                text = await response.text()
+                status = response.status
+        except aiohttp.ClientConnectorError as error:
+            self._failed(f"{method} {path}: {error.os_error or error}")
+            if not self._unreachable:
+                self._unreachable = True
+                self.log.warning("agones_sidecar_unreachable", url=self.base_url,
+                                 detail=f"agones sidecar not reachable at {self.base_url}; "
+                                        "is the pod running under Agones? retrying")
+            return False, True, ""
+        except asyncio.TimeoutError:
+            self._failed(f"{method} {path}: no answer within {self.settings.request_timeout}s")
+            return False, True, ""
+        except (aiohttp.ClientError, OSError, ValueError) as error:
+            self._failed(f"{method} {path}: {type(error).__name__}: {error}")
+            return False, True, ""
+        if self._unreachable:
+            self._unreachable = False
+            self.log.info("agones_sidecar_reachable", url=self.base_url)
+        if 200 <= status < 300:
+            self.requests_ok += 1
+            return True, False, text
+        self._failed(f"{method} {path}: HTTP {status} {text.strip()[:200]}")
+        return False, status >= 500 or status in (408, 429), text
+
+    def _failed(self, error: str) -> None:
+        self.requests_failed += 1
+        self.last_error = error
+        self.log.debug("agones_request_failed", error=error)
+
+    def _warn_once(self, what: str, event: str, **fields) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            self.log.warning(event, **fields)
