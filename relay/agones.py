@@ -191,13 +191,13 @@ class AgonesClient:
         self._ready_task: Optional[asyncio.Task] = None
         self._health_task: Optional[asyncio.Task] = None
         self._sender_task: Optional[asyncio.Task] = None
-        self._side_tasks: set[asyncio.Task] = set()
         self._shutdown_task: Optional[asyncio.Task] = None
         self._ready_event = asyncio.Event()
         self._first_ready_attempt = asyncio.Event()
         self._wakeup = asyncio.Event()
         self._pending: OrderedDict[tuple, _Update] = OrderedDict()
         self._delivered: dict[tuple, _Update] = {}
+        self._inflight: Optional[tuple[tuple, _Update]] = None
         self._rooms: dict[str, str] = {}
         self._annotated: set[str] = set()
         self._match_ran = False
@@ -246,13 +246,12 @@ class AgonesClient:
             if self._shutdown_task is not None and not self._shutdown_task.done():
                 await asyncio.wait({self._shutdown_task}, timeout=self.settings.request_timeout)
             tasks = [task for task in (self._ready_task, self._health_task, self._sender_task,
-                                       self._shutdown_task, *self._side_tasks)
+                                       self._shutdown_task)
                      if task is not None and not task.done()]
             for task in tasks:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            self._side_tasks.clear()
             if self._session is not None:
                 await self._session.close()
                 self._session = None
@@ -271,15 +270,6 @@ class AgonesClient:
                     timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout),
                     trust_env=False)
         return self._session
-
-    def _spawn(self, coro, name: str) -> Optional[asyncio.Task]:
-        if self._stopping is not None:
-            coro.close()
-            return None
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-        return task
 
     # -- what the server reports (synchronous, never blocks) ---------------------------------
 
@@ -362,7 +352,10 @@ class AgonesClient:
                 self._pending[key] = update
             self._pending.move_to_end(key)
             return
-        if update.same(self._delivered.get(key)):
+        # The value the sidecar will have for this key: the one being sent, else the last sent.
+        current = (self._inflight[1] if self._inflight is not None and self._inflight[0] == key
+                   else self._delivered.get(key))
+        if update.same(current):
             return
         while len(self._pending) >= self.max_pending:
             dropped_key, _ = self._pending.popitem(last=False)
@@ -378,12 +371,9 @@ class AgonesClient:
     async def shutdown(self) -> bool:
         """POST /shutdown (with retries); True once the sidecar accepted it. Concurrent calls
         share one request; after success it is not sent again."""
-        if not self.enabled or self.shutdown_sent or self._stopping is not None:
+        task = self._shutdown_request()
+        if task is None:
             return self.shutdown_sent
-        task = self._shutdown_task
-        if task is None or task.done():
-            task = self._shutdown_task = asyncio.get_running_loop().create_task(
-                self._shutdown_once(), name="agones-shutdown")
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -392,17 +382,25 @@ class AgonesClient:
                 return False        # stop() cancelled the request, not our caller
             raise
 
+    def request_shutdown(self) -> None:
+        """``shutdown()`` from synchronous code (the game loop): runs in the background, and
+        ``stop()`` gives it up to ``request_timeout`` to finish."""
+        self._shutdown_request()
+
+    def _shutdown_request(self) -> Optional[asyncio.Task]:
+        if not self.enabled or self.shutdown_sent or self._stopping is not None:
+            return None
+        task = self._shutdown_task
+        if task is None or task.done():
+            task = self._shutdown_task = asyncio.get_running_loop().create_task(
+                self._shutdown_once(), name="agones-shutdown")
+        return task
+
     async def _shutdown_once(self) -> bool:
         ok = await self._send_with_retries("POST", "/shutdown", {}, "shutdown")
         if ok:
             self.shutdown_sent = True
         return ok
-
-    def request_shutdown(self) -> None:
-        """``shutdown()`` from synchronous code (the game loop): runs in the background."""
-        if self.enabled and not self.shutdown_sent and (
-                self._shutdown_task is None or self._shutdown_task.done()):
-            self._spawn(self.shutdown(), "agones-request-shutdown")
 
     async def allocate(self) -> bool:
         """POST /allocate (with retries): mark this GameServer Allocated, so a fleet scale-down
@@ -488,7 +486,11 @@ class AgonesClient:
                 await self._wakeup.wait()
                 continue
             key, update = self._pending.popitem(last=False)
-            await self._deliver(key, update)
+            self._inflight = (key, update)
+            try:
+                await self._deliver(key, update)
+            finally:
+                self._inflight = None
 
     async def _deliver(self, key: tuple, update: _Update) -> None:
         for attempt in range(self.settings.max_retries + 1):
