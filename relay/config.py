@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from relay.agones import AgonesSettings
+
 ENV_PREFIX = "RELAY_"
 
 
@@ -149,11 +151,13 @@ class RelayConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     rooms: RoomSettings = field(default_factory=RoomSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    agones: AgonesSettings = field(default_factory=AgonesSettings)
 
     def validate(self) -> "RelayConfig":
         self.server.validate()
         self.rooms.validate()
         self.replay.validate()
+        self.agones.validate()
         return self
 
 

@@ -17,6 +17,7 @@ from typing import Optional
 
 import relay
 from relay import protocol
+from relay.agones import AgonesClient
 from relay.config import RelayConfig, RoomSettings
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
 from relay.logs import get_logger
@@ -61,6 +62,7 @@ class RelayServer:
         self.metrics = metrics or Metrics()
         self.log = get_logger("relay.server")
         self.endpoint = Endpoint(endpoint_config(config))
+        self.agones = AgonesClient(config.agones)      # does nothing unless agones.enabled
         self.rooms: dict[str, Room] = {}
         self.peer_room: dict[int, str] = {}
         self.replays: dict[str, ReplayWriter] = {}
@@ -98,6 +100,11 @@ class RelayServer:
         self._scheduler = TickScheduler(self.tick_rate, self._tick, self.metrics)
         self._scheduler.start()
         self._stats_task = self.loop.create_task(self._stats_loop())
+        if self.config.agones.player_tracking:
+            # Agones refuses every player connect until a capacity is set.
+            self.agones.set_player_capacity(min(server.max_peers,
+                                                self.settings.max_rooms * self.settings.capacity))
+        await self.agones.start()         # Ready: both sockets are bound, players may come
         self.log.info("started", udp=f"{self.udp_address[0]}:{self.udp_address[1]}",
                       http=f"{server.http_host}:{self.http_port}", tick_rate=self.tick_rate,
                       auto_create=self.settings.auto_create, replays=self.config.replay.enabled,
@@ -134,6 +141,7 @@ class RelayServer:
             await stop_http(self._http_runner)
         if self.driver is not None:
             self.driver.close()
+        await self.agones.stop()
         self.log.info("stopped", reason=reason)
         self.stopped.set()
 
@@ -309,6 +317,7 @@ class RelayServer:
         room = Room(room_id, self.settings, self.tick_rate, now, start_policy=policy,
                     start_players=start_players, capacity=capacity)
         self.rooms[room_id] = room
+        self.agones.room_state(room_id, WAITING, 0)
         self.log.info("room_created", room=room_id, capacity=capacity, start_policy=policy,
                       start_players=start_players)
         return room
@@ -373,7 +382,22 @@ class RelayServer:
             return
         elif event.kind == "reconnected":
             self.metrics.joins.labels(outcome="reconnected").inc()
+        self._mirror_to_agones(room, event)
         self.log.info(event.kind, room=room.room_id, **detail)
+
+    def _mirror_to_agones(self, room: Room, event) -> None:
+        """Room state and players into the GameServer (labels, annotations, player tracking);
+        queued, never waits on the sidecar."""
+        connected = sum(1 for slot in room.slots if slot.peer_id is not None)
+        self.agones.room_state(room.room_id, room.state, connected)
+        # Player ids are per GameServer, and players are named per room.
+        if event.kind in ("joined", "reconnected"):
+            self.agones.player_joined(f"{room.room_id}/{event.detail['player']}")
+        elif event.kind in ("left", "timed_out"):
+            self.agones.player_left(f"{room.room_id}/{event.detail['player']}")
+        elif event.kind == "ended":
+            for slot in room.slots:
+                self.agones.player_left(f"{room.room_id}/{slot.player}")
 
     def _open_replay(self, room: Room) -> None:
         settings = self.config.replay
@@ -406,6 +430,8 @@ class RelayServer:
                 self.metrics.frames_broadcast.inc(len(room.members))
             if room.expired(now):
                 room.end("empty")
+            elif self.draining and not room.members:
+                room.end("draining")      # nobody left to finish the match for
             self._drain(room)
             if room.state == ENDED:
                 self._remove_room(room)
@@ -416,7 +442,7 @@ class RelayServer:
         for peer_id in list(room.members):
             self.peer_room.pop(peer_id, None)
         if self.draining and not self.rooms:
-            self.drained.set()
+            self._drained()
 
     async def _stats_loop(self) -> None:
         while True:
@@ -433,6 +459,8 @@ class RelayServer:
         for room in self.rooms.values():
             counts[room.state] += 1
         metrics.set_rooms(counts)
+        self.agones.set_counts(counts[RUNNING], sum(
+            1 for room in self.rooms.values() for slot in room.slots if slot.peer_id is not None))
         metrics.sync_drops(self.endpoint.drops)
         # Resends, redundant bytes, RTT and loss per peer (datagrams are counted at the socket).
         endpoint = self.endpoint
@@ -494,18 +522,23 @@ class RelayServer:
             timeout = self.config.server.drain_timeout
             self.drain_deadline = time.time() + timeout
             for room in list(self.rooms.values()):
-                if room.state == WAITING:
+                if room.state == WAITING or not room.members:
                     room.end("draining")
                     self._drain(room)
                     self._remove_room(room)
             self._drain_timer = self.loop.call_later(timeout, self._drain_deadline_passed)
             if not self.rooms:
-                self.drained.set()
+                self._drained()
             self._flush()
             self.log.info("draining", rooms=len(self.rooms), deadline_s=timeout)
         return {"draining": True, "rooms": len(self.rooms),
                 "running": sum(1 for room in self.rooms.values() if room.state == RUNNING),
                 "deadline": self.drain_deadline}
+
+    def _drained(self) -> None:
+        """Draining and no room left: tell waiters, and Agones that this server may go."""
+        self.drained.set()
+        self.agones.request_shutdown()
 
     def _drain_deadline_passed(self) -> None:
         self._drain_timer = None
@@ -514,7 +547,7 @@ class RelayServer:
             self._drain(room)
             self._remove_room(room)
         self._flush()
-        self.drained.set()
+        self._drained()
 
     async def drain_and_stop(self) -> None:
         """SIGTERM: drain, wait for the matches to finish (bounded by drain_timeout), stop."""
