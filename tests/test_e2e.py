@@ -346,3 +346,47 @@ def test_admin_drain_lets_running_matches_finish_until_the_deadline(tmp_path):
             await lobby.close()
 
     asyncio.run(scenario())
+
+
+def test_the_relay_reports_to_the_agones_sidecar_and_asks_to_shut_down_when_drained(tmp_path):
+    from test_agones import FakeSidecar
+
+    async def scenario():
+        sidecar = FakeSidecar()
+        await sidecar.start()
+        config = server_config(tmp_path)
+        config.agones.enabled = True
+        config.agones.port = sidecar.port
+        config.agones.player_tracking = True
+        config.agones.health_interval = 0.1
+        config.server.drain_timeout = 0.5
+        server = RelayServer(config)
+        await server.start()
+        host, port = server.udp_address
+        try:
+            a = Player(await RelayClient.connect(host, port, "gs-match", "a"), "a")
+            b = Player(await RelayClient.connect(host, port, "gs-match", "b"), "b")
+            await a.client.wait_for_state("running")
+            await asyncio.gather(a.play_until(60, 5), b.play_until(60, 5))
+            paths = [path for _, _, path, _ in sidecar.calls]
+            assert paths[0] in ("/ready", "/alpha/player/capacity")
+            assert "/ready" in paths and paths.count("/health") >= 5
+            connects = [body["playerID"] for _, _, path, body in sidecar.calls
+                        if path == "/alpha/player/connect"]
+            assert sorted(connects) == ["gs-match/a", "gs-match/b"]
+            annotations = [body for _, _, path, body in sidecar.calls if path == "/metadata/annotation"]
+            assert any('"state":"running"' in body["value"] for body in annotations)
+            server.drain()
+            await asyncio.wait_for(server.drained.wait(), 5)
+            for _ in range(50):
+                if any(path == "/shutdown" for _, _, path, _ in sidecar.calls):
+                    break
+                await asyncio.sleep(0.05)
+            assert any(path == "/shutdown" for _, _, path, _ in sidecar.calls)
+            await a.client.close()
+            await b.client.close()
+        finally:
+            await server.stop()
+            await sidecar.stop()
+
+    asyncio.run(scenario())
