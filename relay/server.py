@@ -49,6 +49,11 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         ack_delay=1.0 / config.server.tick_rate,
         # Every datagram carries every unacked frame that fits.
         redundancy_budget=config.server.mtu,
+        # Per-player memory: small packet buffers (32 packets in flight is the ack window
+        # anyway) and a unit ring sized for a window of small frames.
+        sent_packet_buffer=64,
+        received_packet_window=64,
+        sent_unit_capacity=512,
         max_block_size=32 * 1024 * 1024,
         block_memory_limit=64 * 1024 * 1024,
     )

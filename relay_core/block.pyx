@@ -30,7 +30,7 @@ cdef inline int slice_length(Py_ssize_t block_size, int slice_size, int index) n
 
 cdef class BlockSender:
     def __init__(self, int slice_size, int window, int max_queued):
-        self.queue = deque()
+        self.queue = None           # a deque once a block waits behind another
         self.max_queued = max_queued
         self.slice_size = slice_size
         self.window = window
@@ -45,7 +45,9 @@ cdef class BlockSender:
 
     def enqueue(self, bytes data):
         """Queue a block; False when max_queued blocks are already waiting."""
-        if len(self.queue) >= self.max_queued:
+        if self.queue is None:
+            self.queue = deque()
+        elif len(self.queue) >= self.max_queued:
             return False
         self.queue.append(data)
         if self.data is None:
@@ -54,7 +56,7 @@ cdef class BlockSender:
 
     @property
     def pending_blocks(self):
-        return len(self.queue) + (1 if self.data is not None else 0)
+        return (len(self.queue) if self.queue else 0) + (1 if self.data is not None else 0)
 
     cdef bint active(self):
         return self.data is not None

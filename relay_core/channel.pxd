@@ -35,17 +35,18 @@ cdef class SentUnits:
 
 
 cdef struct OutMessage:
-    bint in_use
-    bint needs_write            # never sent, or due for an RTO resend
-    uint8_t fragment_count      # 1 = sent as one MESSAGE record
-    uint8_t next_fragment       # write cursor within the current round
-    uint16_t fragments_unacked
-    uint32_t stamp              # datagram stamp of the last write (no duplicate in one datagram)
-    int resends
+    # Doubles first and small fields packed together: one per window slot per peer.
     double first_sent           # < 0: never sent
     double deadline             # next RTO expiry
     double rto
-    Py_ssize_t record_size      # wire bytes of the whole-message record
+    uint32_t stamp              # datagram stamp of the last write (no duplicate in one datagram)
+    uint32_t record_size        # wire bytes of the whole-message record
+    uint16_t fragments_unacked
+    uint16_t resends
+    uint8_t in_use
+    uint8_t needs_write         # never sent, or due for an RTO resend
+    uint8_t fragment_count      # 1 = sent as one MESSAGE record
+    uint8_t next_fragment       # write cursor within the current round
 
 
 cdef class SendChannel:

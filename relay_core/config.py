@@ -137,8 +137,8 @@ class EndpointConfig:
             raise bad("rto_min", f"must not exceed rto_max={self.rto_max}")
         if self.heartbeat_interval >= self.peer_timeout:
             raise bad("heartbeat_interval", f"must be below peer_timeout={self.peer_timeout}")
-        if self.max_resends < 1:
-            raise bad("max_resends", "at least 1")
+        if not 1 <= self.max_resends <= 10000:
+            raise bad("max_resends", "1..10000")
         if not 1 <= self.max_message_size <= 255 * self.fragment_size:
             raise bad("max_message_size", f"1..{255 * self.fragment_size} (255 fragments at this mtu)")
         if self.max_fragments_in_flight < 255:
