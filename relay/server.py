@@ -26,7 +26,7 @@ from relay.protocol import CONTROL, STREAM, Checksum, Input, Join, ProtocolError
 from relay.replay import ReplayWriter
 from relay.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room
 from relay.scheduler import TickScheduler
-from relay.transport import EndpointDriver, open_driver
+from relay.transport import BATCHED_IO, EndpointDriver, open_batched_driver, open_driver
 from relay_core import (
     BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
     PeerDisconnected,
@@ -95,7 +95,9 @@ class RelayServer:
 
         self.loop = asyncio.get_running_loop()
         server = self.config.server
-        self.driver = await open_driver(
+        # Batched syscalls (recvmmsg/sendmmsg) where the platform has them.
+        open_udp = open_batched_driver if BATCHED_IO else open_driver
+        self.driver = await open_udp(
             self.endpoint, (server.udp_host, server.udp_port), self._process_events,
             on_received=self._count_received, on_sent=self._count_sent,
             on_error=lambda exc: self.log.debug("udp_error", error=str(exc)))

@@ -3,13 +3,66 @@
 Used by the server and the client SDK alike: datagrams that arrive in one event-loop iteration
 are all handed to the core before one flush; a flush lets the owner consume the core's events,
 sends what the core returns, and arms a single timer at the core's next_timeout().
+
+Two drivers with one interface: EndpointDriver, an asyncio DatagramProtocol (one callback per
+datagram, one sendto per datagram; any platform), and BatchedEndpointDriver (Linux), which reads
+a readable socket with recvmmsg and sends a flush with sendmmsg (relay._batchio), a few syscalls
+per wake-up whatever the number of datagrams.
 """
 from __future__ import annotations
 
 import asyncio
+import errno
+import math
+import os
+import socket
+import sys
 from typing import Callable, Optional
 
 from relay_core import Endpoint
+
+try:
+    from relay import _batchio
+except ImportError:         # not built (a source checkout without build_ext)
+    _batchio = None
+
+BATCHED_IO = _batchio is not None and _batchio.AVAILABLE and sys.platform.startswith("linux")
+"""Whether BatchedEndpointDriver can run here (Linux, relay._batchio compiled)."""
+
+
+class WakeTimer:
+    """One timer at the core's next deadline, re-armed only when the deadline moves."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]):
+        self.loop = loop
+        self.callback = callback
+        self._handle: Optional[asyncio.Handle] = None
+        self._deadline = 0.0        # uvloop hands back a plain Handle (no when()) for past times
+
+    def arm(self, deadline: Optional[float], now: float) -> None:
+        if self._handle is not None:
+            if deadline is not None and abs(self._deadline - deadline) < 0.0005:
+                return
+            self._handle.cancel()
+            self._handle = None
+        if deadline is not None:
+            self._deadline = deadline
+            # In whole milliseconds, rounded up. uvloop counts time in milliseconds and rounds
+            # a delay to the nearest one: a timer armed at the deadline itself may fire up to
+            # 0.5 ms before it is due, and then (delay < 0.5 ms: call_soon) again and again,
+            # a flush over every peer each time, until the clock reaches it.
+            delay = deadline - now
+            self._handle = self.loop.call_later(
+                math.ceil(delay * 1000.0 - 1e-6) / 1000.0 if delay > 0.0 else 0.0, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self.callback()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class EndpointDriver(asyncio.DatagramProtocol):
@@ -25,8 +78,7 @@ class EndpointDriver(asyncio.DatagramProtocol):
         self.transport: Optional[asyncio.DatagramTransport] = None
         self.loop = asyncio.get_running_loop()
         self._flush_pending = False
-        self._timer: Optional[asyncio.Handle] = None
-        self._timer_deadline = 0.0      # uvloop hands back a plain Handle (no when()) for past times
+        self._wake = WakeTimer(self.loop, self._on_timer)
         self.closed = asyncio.Event()
 
     # asyncio callbacks
@@ -35,8 +87,7 @@ class EndpointDriver(asyncio.DatagramProtocol):
         self.transport = transport
 
     def connection_lost(self, exc) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._wake.cancel()
         self.closed.set()
 
     def error_received(self, exc: Exception) -> None:
@@ -78,24 +129,13 @@ class EndpointDriver(asyncio.DatagramProtocol):
         self._arm_timer(now)
 
     def _arm_timer(self, now: float) -> None:
-        deadline = self.endpoint.next_timeout()
-        if self._timer is not None:
-            if deadline is not None and abs(self._timer_deadline - deadline) < 0.0005:
-                return
-            self._timer.cancel()
-            self._timer = None
-        if deadline is not None:
-            self._timer_deadline = deadline
-            self._timer = self.loop.call_at(max(deadline, now), self._on_timer)
+        self._wake.arm(self.endpoint.next_timeout(), now)
 
     def _on_timer(self) -> None:
-        self._timer = None
         self.flush()
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._wake.cancel()
         if self.transport is not None:
             self.transport.close()
 
@@ -105,3 +145,286 @@ async def open_driver(endpoint: Endpoint, local_addr, on_events, **callbacks) ->
     _, driver = await loop.create_datagram_endpoint(
         lambda: EndpointDriver(endpoint, on_events, **callbacks), local_addr=local_addr)
     return driver
+
+
+class _BatchedTransport:
+    """The part of a DatagramTransport the driver's owner uses: extra info, closing, sendto."""
+
+    def __init__(self, driver: "BatchedEndpointDriver", sock: socket.socket):
+        self._driver = driver
+        self._extra = {"socket": sock, "sockname": sock.getsockname()}
+
+    def get_extra_info(self, name: str, default=None):
+        return self._extra.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self._driver.is_closing
+
+    def close(self) -> None:
+        self._driver.close()
+
+    abort = close
+
+    def sendto(self, data, addr) -> None:
+        self._driver.send([(bytes(data), addr)])
+
+
+class BatchedEndpointDriver:
+    """EndpointDriver's interface over a non-blocking UDP socket read and written in batches.
+
+    A readable socket is drained with recvmmsg, up to ``max_batches`` x ``max_datagrams``
+    datagrams per wake-up (one ``now`` per batch), then flushed once; a flush goes out with
+    sendmmsg. What the kernel will not take (EAGAIN) waits in a queue of at most ``max_queue``
+    datagrams, sent in order when the socket is writable; beyond that datagrams are dropped and
+    counted in ``dropped`` (and reported to ``on_error``), never silently.
+
+    Counters: ``dropped`` (send queue overflow, or left unsent at close), ``send_failed`` (refused
+    by the kernel or unusable addresses: each is reported to ``on_error``), and the BatchSocket's
+    ``send_errors`` / ``recv_errors`` (ICMP-style losses) and ``truncated`` (received datagrams
+    longer than ``max_size``), all reported to ``on_error`` as they happen.
+    """
+
+    def __init__(self, endpoint: Endpoint, on_events: Callable[[float], None],
+                 on_received: Optional[Callable[[int], None]] = None,
+                 on_sent: Optional[Callable[[int, int], None]] = None,
+                 on_error: Optional[Callable[[Exception], None]] = None,
+                 *, sock: socket.socket, max_datagrams: int = 64, max_size: int = 65536,
+                 max_batches: int = 16, max_queue: int = 8192):
+        if not BATCHED_IO:
+            raise RuntimeError("batched UDP I/O needs Linux and the compiled relay._batchio")
+        self.endpoint = endpoint
+        self.on_events = on_events
+        self.on_received = on_received
+        self.on_sent = on_sent
+        self.on_error = on_error
+        self.loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        self.sock = sock
+        self._fd = sock.fileno()
+        self.io = _batchio.BatchSocket(self._fd, max_datagrams, max_size)
+        self.max_batches = max_batches
+        self.max_queue = max_queue
+        self.transport = _BatchedTransport(self, sock)
+        self.is_closing = False
+        self.dropped = 0
+        self.send_failed = 0
+        self._queue: list = []
+        self._queue_head = 0
+        self._writing = False
+        self._flush_handle: Optional[asyncio.Handle] = None
+        self._wake = WakeTimer(self.loop, self._on_timer)
+        self.closed = asyncio.Event()
+        self.loop.add_reader(self._fd, self._on_readable)
+
+    # errors
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors (the other side went away) and datagrams that could not go: the core's
+        # timeouts decide what they mean.
+        if self.on_error is not None:
+            self.on_error(exc)
+
+    def _lost(self, io_errors: int, truncated: int) -> None:
+        io = self.io
+        if io.recv_errors + io.send_errors != io_errors:
+            self.error_received(OSError(io.last_error, os.strerror(io.last_error)))
+        if io.truncated != truncated:
+            self.error_received(OSError(errno.EMSGSIZE, f"{io.truncated - truncated} datagram(s) "
+                                                        f"longer than {io.max_size} bytes dropped"))
+
+    # receiving
+
+    def _on_readable(self) -> None:
+        if self.is_closing:
+            return
+        io = self.io
+        recv = io.recv
+        receive = self.endpoint.receive
+        on_received = self.on_received
+        time = self.loop.time
+        full = io.max_datagrams
+        io_errors, truncated = io.recv_errors + io.send_errors, io.truncated
+        count = 0
+        for _ in range(self.max_batches):
+            try:
+                batch = recv()
+            except OSError as exc:
+                self.error_received(exc)
+                break
+            if not batch:
+                break
+            now = time()
+            if on_received is None:
+                for data, addr in batch:
+                    receive(data, addr, now)
+            else:
+                for data, addr in batch:
+                    on_received(len(data))
+                    receive(data, addr, now)
+            count += len(batch)
+            if len(batch) < full:
+                break           # drained: spare the syscall that would say EAGAIN
+        if io.recv_errors + io.send_errors != io_errors or io.truncated != truncated:
+            self._lost(io_errors, truncated)
+        if count:
+            self.flush()
+
+    # driving
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def request_flush(self) -> None:
+        if self._flush_handle is None and not self.is_closing:
+            self._flush_handle = self.loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flush_handle = None
+        self.flush()
+
+    def flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self.is_closing:
+            return
+        now = self.loop.time()
+        self.on_events(now)
+        sent = self.endpoint.datagrams_to_send(now)
+        self.on_events(now)         # timers run inside datagrams_to_send may have closed peers
+        if sent:
+            self.send(sent)
+        self._arm_timer(now)
+
+    def _arm_timer(self, now: float) -> None:
+        self._wake.arm(self.endpoint.next_timeout(), now)
+
+    def _on_timer(self) -> None:
+        self.flush()
+
+    # sending
+
+    def send(self, datagrams: list) -> None:
+        """Send [(bytes, address), ...] now, after whatever is already waiting for the socket."""
+        if self.is_closing:
+            self._drop(len(datagrams), "the driver is closed")
+            return
+        if self._writing:
+            self._enqueue(datagrams, 0)         # keep the order: the queue goes first
+            return
+        start = self._send_from(datagrams, 0)
+        if start < len(datagrams):
+            self._enqueue(datagrams, start)
+
+    def _send_from(self, datagrams: list, start: int) -> int:
+        """Send datagrams[start:] until done or EAGAIN; returns the index of the first unsent."""
+        io = self.io
+        total = len(datagrams)
+        count = size = 0
+        io_errors = io.recv_errors + io.send_errors
+        while start < total:         # each pass consumes at least one datagram or stops
+            try:
+                done = io.send(datagrams, start)
+            except (OSError, TypeError, ValueError, OverflowError) as exc:
+                count += io.last_sent_count
+                size += io.last_sent_bytes
+                start += getattr(exc, "sent", 0) + 1      # that one cannot go: skip it
+                self.send_failed += 1
+                self.error_received(exc)
+                continue
+            count += io.last_sent_count
+            size += io.last_sent_bytes
+            start += done
+            break
+        if count and self.on_sent is not None:
+            self.on_sent(count, size)
+        if io.recv_errors + io.send_errors != io_errors:
+            self._lost(io_errors, io.truncated)
+        return start
+
+    def _enqueue(self, datagrams: list, start: int) -> None:
+        room = self.max_queue - (len(self._queue) - self._queue_head)
+        end = len(datagrams)
+        if end - start > room:
+            keep = max(room, 0)
+            self._drop(end - start - keep, "the send queue is full")
+            end = start + keep
+        if end > start:
+            self._queue.extend(datagrams[start:end])
+            if not self._writing:
+                self._writing = True
+                self.loop.add_writer(self._fd, self._on_writable)
+
+    def _drop(self, count: int, why: str) -> None:
+        self.dropped += count
+        self.error_received(OSError(errno.ENOBUFS, f"{count} datagram(s) dropped: {why}"))
+
+    def _on_writable(self) -> None:
+        if self.is_closing:
+            return
+        queue = self._queue
+        head = self._send_from(queue, self._queue_head)
+        if head >= len(queue):
+            self._queue = []
+            self._queue_head = 0
+            self._writing = False
+            self.loop.remove_writer(self._fd)
+        elif head > 1024 and 2 * head > len(queue):
+            del queue[:head]
+            self._queue_head = 0
+        else:
+            self._queue_head = head
+
+    @property
+    def queued(self) -> int:
+        """Datagrams waiting for the socket to take them."""
+        return len(self._queue) - self._queue_head
+
+    def close(self) -> None:
+        if self.is_closing:
+            return
+        self.is_closing = True
+        self._wake.cancel()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self.loop.remove_reader(self._fd)
+        if self._writing:
+            self.loop.remove_writer(self._fd)
+            self._writing = False
+            head = self._send_from(self._queue, self._queue_head)      # a last try
+            if head < len(self._queue):
+                self._drop(len(self._queue) - head, "unsent at close")
+            self._queue = []
+            self._queue_head = 0
+        self.sock.close()
+        self.closed.set()
+
+
+async def open_batched_driver(endpoint: Endpoint, local_addr, on_events,
+                              **callbacks) -> BatchedEndpointDriver:
+    """Bind a UDP socket at ``local_addr`` (resolved like create_datagram_endpoint does) and
+    drive ``endpoint`` over it with batched syscalls. Linux only: see BATCHED_IO."""
+    if not BATCHED_IO:
+        raise RuntimeError("batched UDP I/O needs Linux and the compiled relay._batchio")
+    loop = asyncio.get_running_loop()
+    host, port = local_addr[0], local_addr[1]
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
+    if not infos:
+        raise OSError(f"getaddrinfo({host!r}, {port!r}) returned nothing")
+    error: Optional[OSError] = None
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            error = error or exc
+            continue
+        try:
+            return BatchedEndpointDriver(endpoint, on_events, sock=sock, **callbacks)
+        except BaseException:
+            sock.close()
+            raise
+    raise error
