@@ -70,6 +70,46 @@ def _serve_command(args: argparse.Namespace) -> int:
     return uvloop.run(_serve(config))
 
 
+def _bench_module(name: str):
+    """A benchmark script from the source tree's benchmarks/ (they do not ship in the wheel)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(f"relay_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module         # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def _add_bench(sub, load: bool) -> None:
+    bench = sub.add_parser("bench", help="benchmarks: loss (latency under loss vs ENet/KCP), "
+                                         "capacity (players per core); from a source checkout")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    if not load:
+        # Importing the benchmark scripts is left to `relay bench ...` itself.
+        bench.set_defaults(func=lambda args: 2)
+        return
+    for name, script, text in (("loss", "loss_latency", "latency under loss against ENet and KCP"),
+                               ("capacity", "capacity", "players per core against a C echo and an ENet relay")):
+        parser = bench_sub.add_parser(name, help=text)
+        module = _bench_module(script)
+        if module is None:
+            parser.set_defaults(func=lambda args, script=script: _no_bench(script))
+        else:
+            module.add_arguments(parser)
+            parser.set_defaults(func=module.run)
+
+
+def _no_bench(script: str) -> int:
+    print(f"relay bench: benchmarks/{script}.py is not here; the benchmarks ship with the "
+          f"source tree, not the wheel", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="relay", description="Frame-sync (lockstep) relay server")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     replay_parser = sub.add_parser("replay", help="inspect replay files")
     replay.add_arguments(replay_parser)         # its subcommands set func
 
+    if argv is None:
+        argv = sys.argv[1:]
+    _add_bench(sub, load=argv[:1] == ["bench"])
     sub.add_parser("info", help="print the version and the compiled core in use").set_defaults(func=_info)
     args = parser.parse_args(argv)
     return args.func(args)
