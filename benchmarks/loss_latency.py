@@ -1,0 +1,906 @@
+#!/usr/bin/env python3
+"""Round-trip latency under loss: our redundant and reliable_ordered channels vs ENet and KCP.
+
+The experiment of the reference thesis (section 6), on loopback through relay.netem:
+
+* a client sends an 80-byte message every 30 ms (1000 of them; ``--count``) carrying its send
+  time; the server echoes it on the same reliable ordered stream; the client records each
+  message's round trip as it is delivered, in order;
+* links per direction: ``low`` = 5 ms + U(0, 10) ms one way, ``high`` = 30 ms + U(0, 20) ms
+  (20 ms with 10-30 ms jitter); loss per direction 0, 2.5, 5, 7.5, 10, 12.5 %; the emulator's
+  seed is the same for every protocol and every point;
+* protocols side by side: ours ``redundant`` and ``reliable_ordered`` (relay_core), ENet
+  (pyenet, reliable channel) and KCP (``kcp``: normal mode and fast mode 1,10,2,1), each behind an
+  adapter of ``benchmarks/adapters``; by default all protocols of one link/loss point run
+  concurrently in one event loop, each with its own emulator and ports (``--sequential`` runs
+  them one after the other);
+* per protocol x link x loss: mean, p50, p95, p99, max round trip, messages delivered, bytes on
+  the wire (both directions, counted by the emulator) relative to payload bytes; the
+  redundancy limit computed from the emulator's drop decisions in our redundant run; the
+  targets printed PASS/FAIL.
+
+Writes ``loss_latency.json``, ``loss_latency.md`` and (with matplotlib) ``loss_latency_p99.png``,
+``loss_latency_wire.png``, ``loss_latency_trace.png`` into ``--out`` (default
+benchmarks/results/). Method and results: docs/BENCHMARKS.md, "Latency under loss".
+
+Exit status: 0 when every protocol delivered every message intact and in order; 1 otherwise;
+2 for a usage error or a protocol library that cannot be imported (the reason is printed).
+The latency targets are reported, never turned into the exit status.
+
+Run:  python3 benchmarks/loss_latency.py                      # full matrix (~10 minutes)
+      python3 benchmarks/loss_latency.py --count 50 --loss 5 --link high
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import collections
+import gc
+import json
+import math
+import os
+import platform
+import shlex
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:           # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import adapters  # noqa: E402
+from relay.netem import LinkSettings, Netem  # noqa: E402
+
+# --------------------------------------------------------------------------------------------
+# The experiment's parameters
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    delay_ms: float
+    """Base one-way delay given to the emulator."""
+    jitter_ms: float
+    """The emulator adds U(0, jitter) ms per datagram."""
+    description: str
+
+
+LINKS = {
+    "low": Link("low", 5.0, 10.0, "5 ms one way with 0-10 ms jitter: 5 + U(0, 10) ms"),
+    "high": Link("high", 30.0, 20.0,
+                 "20 ms one way with 10-30 ms jitter: 20 + U(10, 30) = 30 + U(0, 20) ms"),
+}
+LOSSES = (0.0, 2.5, 5.0, 7.5, 10.0, 12.5)
+DEFAULT_COUNT = 1000
+DEFAULT_INTERVAL_MS = 30.0
+DEFAULT_SIZE = 80
+DEFAULT_SEED = 1
+DEFAULT_DRAIN = 30.0
+DEFAULT_ACK_DELAY = 0.005
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+TRACE_LOSS = 5.0
+IP_UDP_OVERHEAD = 28
+HEADER = struct.Struct("<Id")           # message number, client send time (loop seconds)
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation between order statistics (numpy's
+    default, Hyndman-Fan type 7): position (n - 1) * q / 100 of the sorted values."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"q={q!r}: 0..100")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    fraction = position - low
+    return ordered[low] + (ordered[high] - ordered[low]) * fraction
+
+
+def summarize(values: Iterable[Optional[float]]) -> dict[str, Any]:
+    """count (of non-None values), mean, p50, p95, p99, max, min; None figures when empty."""
+    present = [v for v in values if v is not None]
+    out: dict[str, Any] = {"count": len(present)}
+    if not present:
+        out.update(mean=None, p50=None, p95=None, p99=None, max=None, min=None)
+        return out
+    out["mean"] = sum(present) / len(present)
+    for q in (50, 95, 99):
+        out[f"p{q}"] = percentile(present, q)
+    out["max"] = max(present)
+    out["min"] = min(present)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The redundancy limit
+
+
+@dataclass(frozen=True)
+class Datagram:
+    """One datagram of one direction: when it was sent, whether the emulator dropped it, and
+    when it arrived (None if dropped or never seen)."""
+
+    sent: float
+    dropped: bool
+    arrived: Optional[float]
+
+
+def datagram_fates(sent: Sequence[tuple[float, bytes]], decisions: Sequence[bool],
+                   arrived: Sequence[tuple[float, bytes]]) -> tuple[list[Datagram], dict]:
+    """Join one direction's send log, the emulator's drop decisions and the receive log.
+
+    The emulator decides in the order datagrams reach it, which on loopback from one socket is
+    the order they were sent, so decision i belongs to sent datagram i. A survivor's arrival is
+    found by its bytes (the oldest unclaimed arrival of identical bytes). A datagram with no
+    decision (still in a socket buffer when the run stopped) counts as dropped. The second value
+    reports how well the logs agree.
+    """
+    arrivals: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
+    for when, data in arrived:
+        arrivals[data].append(when)
+    out = []
+    unmatched = 0
+    for index, (when, data) in enumerate(sent):
+        dropped = decisions[index] if index < len(decisions) else True
+        arrival = None
+        if not dropped:
+            queue = arrivals.get(data)
+            if queue:
+                arrival = queue.popleft()
+            else:
+                unmatched += 1
+        out.append(Datagram(when, dropped, arrival))
+    extra = sum(len(q) for q in arrivals.values())
+    return out, {"sent": len(sent), "decisions": len(decisions),
+                 "survivors_without_arrival": unmatched, "arrivals_without_send": extra}
+
+
+def _suffix_earliest(datagrams: Sequence[Datagram]) -> list[float]:
+    """earliest[k] = the earliest arrival among datagrams k.. that got through (inf if none)."""
+    earliest = [math.inf] * (len(datagrams) + 1)
+    for k in range(len(datagrams) - 1, -1, -1):
+        d = datagrams[k]
+        here = d.arrived if (not d.dropped and d.arrived is not None) else math.inf
+        earliest[k] = min(here, earliest[k + 1])
+    return earliest
+
+
+def redundancy_limit(message_times: Sequence[float], up: Sequence[Datagram],
+                     down: Sequence[Datagram]) -> list[Optional[float]]:
+    """Per message, the shortest round trip any protocol could have had if every datagram it
+    sent carried every unacknowledged message (the echo included), with the datagrams,
+    send times, drop decisions and delays of the recorded run:
+
+        A = earliest arrival at the server of an up datagram sent at or after the message's send
+            time that the emulator did not drop;
+        B = earliest arrival at the client of a down datagram sent at or after A that was not
+            dropped;
+        limit = B - send time.
+
+    Arrival times are the measured ones, so the delays are those the emulator actually applied
+    (base + drawn jitter, plus its timer lateness). Taking the earliest arrival rather than the
+    first survivor in send order keeps this a lower bound when jitter reorders datagrams.
+    ``up`` and ``down`` are in send order. None when no datagram could have carried it.
+    """
+    up_times = [d.sent for d in up]
+    down_times = [d.sent for d in down]
+    up_earliest = _suffix_earliest(up)
+    down_earliest = _suffix_earliest(down)
+    out: list[Optional[float]] = []
+    for sent in message_times:
+        at_server = up_earliest[bisect.bisect_left(up_times, sent)]
+        if math.isinf(at_server):
+            out.append(None)
+            continue
+        back = down_earliest[bisect.bisect_left(down_times, at_server)]
+        out.append(None if math.isinf(back) else back - sent)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# One protocol at one link/loss point
+
+
+@dataclass
+class RunOptions:
+    count: int = DEFAULT_COUNT
+    interval: float = DEFAULT_INTERVAL_MS / 1000.0
+    size: int = DEFAULT_SIZE
+    seed: int = DEFAULT_SEED
+    drain: float = DEFAULT_DRAIN
+    ack_delay: float = DEFAULT_ACK_DELAY
+    connect_timeout: float = 10.0
+    ours_config: Optional[dict] = None
+    """Further EndpointConfig fields for our endpoints (e.g. redundancy_budget)."""
+
+
+def make_payload(number: int, sent: float, size: int) -> bytes:
+    head = HEADER.pack(number, sent)
+    filler = bytes((number + k) & 0xFF for k in range(size - HEADER.size))
+    return head + filler
+
+
+async def run_protocol(protocol: str, link: Link, loss: float,
+                       options: RunOptions) -> dict[str, Any]:
+    """Run the echo test for one protocol through its own emulator; return its results."""
+    loop = asyncio.get_running_loop()
+    count = options.count
+    rtts: list[Optional[float]] = [None] * count
+    sent_payloads: list[Optional[bytes]] = [None] * count
+    send_times: list[Optional[float]] = [None] * count
+    state = {"next": 0, "delivered": 0, "order_errors": 0, "corrupt": 0, "duplicates": 0}
+    all_done = loop.create_future()
+
+    def on_echo(payload: bytes, now: float) -> None:
+        try:
+            number, sent = HEADER.unpack_from(payload)
+        except struct.error:
+            state["corrupt"] += 1
+            return
+        if not 0 <= number < count or payload != sent_payloads[number]:
+            state["corrupt"] += 1
+            return
+        if rtts[number] is not None:
+            state["duplicates"] += 1
+            return
+        if number != state["next"]:
+            state["order_errors"] += 1
+        state["next"] = number + 1
+        rtts[number] = (now - sent) * 1000.0
+        state["delivered"] += 1
+        if state["delivered"] == count and not all_done.done():
+            all_done.set_result(None)
+
+    adapter = adapters.create(protocol, on_echo, ack_delay=options.ack_delay,
+                              ours_config=options.ours_config)
+    settings = LinkSettings(loss=loss, delay=link.delay_ms, jitter=link.jitter_ms)
+    netem: Optional[Netem] = None
+    errors: list[str] = []
+    result: dict[str, Any] = {"protocol": protocol, "label": adapters.LABELS[protocol],
+                              "link": link.name, "loss": loss, "count": count,
+                              "settings": adapter.settings()}
+    started = time.monotonic()
+    stats: dict[str, Any] = {}
+    up_decisions: list[bool] = []
+    down_decisions: list[bool] = []
+    log = None
+    peer_stats = None
+    first_send = last_send = None
+    try:
+        server_address = await adapter.start_server("127.0.0.1", 0)
+        netem = Netem(listen=("127.0.0.1", 0), upstream=tuple(server_address), up=settings,
+                      down=settings, seed=options.seed, record_decisions=True)
+        await netem.start()
+        try:
+            await adapter.connect(*netem.listen_address, timeout=options.connect_timeout)
+        except (asyncio.TimeoutError, ConnectionError) as exc:
+            errors.append(f"connect failed: {exc!r}")
+        else:
+            start = loop.time() + 0.05
+            for number in range(count):
+                delay = start + number * options.interval - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                now = loop.time()
+                payload = make_payload(number, now, options.size)
+                sent_payloads[number] = payload
+                send_times[number] = now
+                adapter.send(payload)
+                if first_send is None:
+                    first_send = now
+                last_send = now
+            try:
+                await asyncio.wait_for(asyncio.shield(all_done), options.drain)
+            except asyncio.TimeoutError:
+                errors.append(f"{sum(r is None for r in rtts)} messages not echoed within "
+                              f"{options.drain:g} s of the last send")
+        # Snapshot before anything is closed: the counters cover exactly the run.
+        stats = netem.stats()
+        up_decisions = netem.drop_decisions("up")
+        down_decisions = netem.drop_decisions("down")
+        log = adapter.datagram_log()
+        if hasattr(adapter, "peer_stats"):
+            peer_stats = adapter.peer_stats()
+    finally:
+        await adapter.close()
+        if netem is not None:
+            await netem.stop()
+    errors.extend(getattr(adapter, "errors", []))
+
+    summary = summarize(rtts)
+    delivered = summary["count"]
+    payload_bytes = 2 * options.size * count
+    wire = {}
+    if stats:
+        up, down = stats["up"], stats["down"]
+        wire_bytes = up["bytes_in"] + down["bytes_in"]
+        datagrams = up["datagrams_in"] + down["datagrams_in"]
+        wire = {
+            "bytes": wire_bytes,
+            "bytes_up": up["bytes_in"],
+            "bytes_down": down["bytes_in"],
+            "datagrams": datagrams,
+            "datagrams_up": up["datagrams_in"],
+            "datagrams_down": down["datagrams_in"],
+            "dropped_up": up["dropped"],
+            "dropped_down": down["dropped"],
+            "payload_bytes": payload_bytes,
+            "ratio": wire_bytes / payload_bytes,
+            "bytes_with_ip_udp": wire_bytes + IP_UDP_OVERHEAD * datagrams,
+            "ratio_with_ip_udp": (wire_bytes + IP_UDP_OVERHEAD * datagrams) / payload_bytes,
+        }
+    result.update({
+        "delivered": delivered,
+        "order_errors": state["order_errors"],
+        "corrupt": state["corrupt"],
+        "duplicates": state["duplicates"],
+        "errors": errors,
+        "summary_ms": summary,
+        "wire": wire,
+        "netem_seed": options.seed,
+        "send_span_s": (last_send - first_send) if first_send is not None else None,
+        "wall_s": time.monotonic() - started,
+        "rtts_ms": [None if r is None else round(r, 3) for r in rtts],
+    })
+    if peer_stats:
+        result["peer_stats"] = peer_stats
+    if log is not None and stats:
+        up_fates, up_check = datagram_fates(log.up_sent, up_decisions, log.up_arrived)
+        down_fates, down_check = datagram_fates(log.down_sent, down_decisions, log.down_arrived)
+        message_times = [t for t in send_times if t is not None]
+        limits = redundancy_limit(message_times, up_fates, down_fates)
+        limits_ms = [None if v is None else v * 1000.0 for v in limits]
+        # A lower bound must hold message by message; a violation means the logs are misjoined.
+        below = sum(1 for r, v in zip(rtts, limits_ms)
+                    if r is not None and v is not None and r < v - 0.001)
+        result["limit"] = {
+            "summary_ms": summarize(limits_ms),
+            "messages_below_limit": below,
+            "rtts_ms": [None if v is None else round(v, 3) for v in limits_ms],
+            "log_check": {"up": up_check, "down": down_check},
+        }
+    return result
+
+
+async def run_point(protocols: Sequence[str], link: Link, loss: float, options: RunOptions,
+                    concurrent: bool) -> list[dict[str, Any]]:
+    if concurrent:
+        return list(await asyncio.gather(*(run_protocol(p, link, loss, options)
+                                           for p in protocols)))
+    return [await run_protocol(p, link, loss, options) for p in protocols]
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+
+
+def _find(results: Sequence[dict], protocol: str, link: str, loss: float) -> Optional[dict]:
+    for r in results:
+        if r["protocol"] == protocol and r["link"] == link and r["loss"] == loss:
+            return r
+    return None
+
+
+def _p(result: Optional[dict], key: str) -> Optional[float]:
+    if result is None:
+        return None
+    return result["summary_ms"].get(key)
+
+
+def evaluate_targets(results: Sequence[dict]) -> list[dict[str, Any]]:
+    """The issue's targets, each PASS / FAIL / NOT RUN with the figures behind it."""
+    targets = []
+
+    def add(name: str, value: Optional[float], bound: Optional[float], detail: str,
+            lower_is_better: bool = True) -> None:
+        if value is None or bound is None:
+            targets.append({"target": name, "status": "NOT RUN", "value": value, "bound": bound,
+                            "detail": detail})
+            return
+        ok = value <= bound if lower_is_better else value >= bound
+        targets.append({"target": name, "status": "PASS" if ok else "FAIL", "value": value,
+                        "bound": bound, "margin": bound - value, "detail": detail})
+
+    ours = _find(results, "ours-redundant", "high", 10.0)
+    enet = _find(results, "enet", "high", 10.0)
+    kcp_fast = _find(results, "kcp-fast", "high", 10.0)
+    ours_p99 = _p(ours, "p99")
+    enet_p99 = _p(enet, "p99")
+    kcp_p99 = _p(kcp_fast, "p99")
+    add("high 10%: ours redundant p99 <= 1/3 of ENet p99", ours_p99,
+        None if enet_p99 is None else enet_p99 / 3,
+        f"ours {_ms(ours_p99)}, ENet {_ms(enet_p99)}, ratio {_ratio(ours_p99, enet_p99)}")
+    add("high 10%: ours redundant p99 <= 1/2 of KCP fast p99", ours_p99,
+        None if kcp_p99 is None else kcp_p99 / 2,
+        f"ours {_ms(ours_p99)}, KCP fast {_ms(kcp_p99)}, ratio {_ratio(ours_p99, kcp_p99)}")
+    limit_p99 = ours["limit"]["summary_ms"]["p99"] if ours and "limit" in ours else None
+    add("high 10%: ours redundant p99 <= 1.25 x redundancy limit p99", ours_p99,
+        None if limit_p99 is None else 1.25 * limit_p99,
+        f"ours {_ms(ours_p99)}, limit {_ms(limit_p99)}, ratio {_ratio(ours_p99, limit_p99)}")
+    ours_bytes = ours["wire"].get("bytes") if ours and ours["wire"] else None
+    enet_bytes = enet["wire"].get("bytes") if enet and enet["wire"] else None
+    ours_full = ours["wire"].get("bytes_with_ip_udp") if ours and ours["wire"] else None
+    enet_full = enet["wire"].get("bytes_with_ip_udp") if enet and enet["wire"] else None
+    add("high 10%: ours redundant wire bytes <= 2 x ENet wire bytes", ours_bytes,
+        None if enet_bytes is None else 2 * enet_bytes,
+        f"UDP payload: ours {ours_bytes} B, ENet {enet_bytes} B, ratio "
+        f"{_ratio(ours_bytes, enet_bytes)} (with 28 B IPv4+UDP headers per datagram: ratio "
+        f"{_ratio(ours_full, enet_full)})")
+    for link in LINKS:
+        enet0 = _find(results, "enet", link, 0.0)
+        for protocol in ("ours-redundant", "ours-reliable"):
+            ours0 = _find(results, protocol, link, 0.0)
+            if ours0 is None and enet0 is None:
+                continue
+            mean, enet_mean = _p(ours0, "mean"), _p(enet0, "mean")
+            difference = None if mean is None or enet_mean is None else mean - enet_mean
+            add(f"{link} 0%: {adapters.LABELS[protocol]} mean <= ENet mean + 2 ms", mean,
+                None if enet_mean is None else enet_mean + 2.0,
+                f"ours {_ms(mean)}, ENet {_ms(enet_mean)}, difference "
+                f"{'n/a' if difference is None else f'{difference:+.2f} ms'}")
+    return targets
+
+
+def _ms(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.3f}"
+
+
+# --------------------------------------------------------------------------------------------
+# Reporting
+
+
+def machine_info(loop_name: str) -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    versions = {}
+    from importlib.metadata import PackageNotFoundError, version
+    for package in ("relay", "pyenet", "kcp", "matplotlib", "uvloop"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable,
+            "python": f"{platform.python_implementation()} {platform.python_version()}",
+            "platform": platform.platform(), "event_loop": loop_name, "versions": versions,
+            "loadavg": load}
+
+
+def _fmt(value: Optional[float], digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def markdown_report(meta: dict, results: Sequence[dict], targets: Sequence[dict],
+                    checks: Sequence[dict]) -> str:
+    lines = []
+    m = meta["machine"]
+    lines.append("## Latency under loss: results")
+    lines.append("")
+    lines.append(f"- command: `{meta['command']}`")
+    lines.append(f"- machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), "
+                 f"{m['python']}, {m['platform']}, event loop {m['event_loop']}")
+    lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
+    lines.append(f"- {meta['count']} messages of {meta['size']} bytes every "
+                 f"{meta['interval_ms']:g} ms per run; emulator seed {meta['seed']}; "
+                 f"protocols {'concurrently' if meta['concurrent'] else 'one at a time'} at "
+                 f"each point; wall time {meta['wall_s']:.0f} s, CPU "
+                 f"{meta['cpu_s']:.0f} s ({100 * meta['cpu_s'] / meta['wall_s']:.0f} % of one core)")
+    lines.append("- round trips in ms; wire = UDP payload bytes both directions as counted by "
+                 "the emulator (handshake included), / payload = wire / (2 x count x size)")
+    lines.append("")
+    links = [name for name in LINKS if any(r["link"] == name for r in results)]
+    protocols = [p for p in adapters.PROTOCOLS if any(r["protocol"] == p for r in results)]
+    losses = sorted({r["loss"] for r in results})
+    for link in links:
+        lines.append(f"### {link} link ({LINKS[link].description})")
+        lines.append("")
+        lines.append("| loss % | protocol | delivered | mean | p50 | p95 | p99 | max | "
+                     "wire KiB | / payload | limit p99 |")
+        lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for loss in losses:
+            for protocol in protocols:
+                r = _find(results, protocol, link, loss)
+                if r is None:
+                    continue
+                s = r["summary_ms"]
+                w = r["wire"]
+                limit = r.get("limit", {}).get("summary_ms", {}).get("p99")
+                lines.append(
+                    f"| {loss:g} | {r['label']} | {r['delivered']}/{r['count']} | "
+                    f"{_fmt(s['mean'])} | {_fmt(s['p50'])} | {_fmt(s['p95'])} | "
+                    f"{_fmt(s['p99'])} | {_fmt(s['max'])} | "
+                    f"{_fmt(w.get('bytes', 0) / 1024 if w else None)} | "
+                    f"{_fmt(w.get('ratio') if w else None, 2)} | {_fmt(limit)} |")
+        lines.append("")
+    if "high" in links:
+        lines.append("### Headline: high link, p99 round trip (ms) and wire / payload")
+        lines.append("")
+        lines.append("| loss % | " + " | ".join(adapters.LABELS[p] for p in protocols)
+                     + " | redundancy limit p99 |")
+        lines.append("|---:|" + "---:|" * (len(protocols) + 1))
+        for loss in losses:
+            cells = []
+            for protocol in protocols:
+                r = _find(results, protocol, "high", loss)
+                if r is None:
+                    cells.append("—")
+                    continue
+                ratio = r["wire"].get("ratio") if r["wire"] else None
+                cells.append(f"{_fmt(r['summary_ms']['p99'])} ({_fmt(ratio, 2)}x)")
+            ours = _find(results, "ours-redundant", "high", loss)
+            limit = ours.get("limit", {}).get("summary_ms", {}).get("p99") if ours else None
+            lines.append(f"| {loss:g} | " + " | ".join(cells) + f" | {_fmt(limit)} |")
+        lines.append("")
+    lines.append("### Targets")
+    lines.append("")
+    lines.append("| target | result | figures |")
+    lines.append("|---|---|---|")
+    for t in targets:
+        lines.append(f"| {t['target']} | **{t['status']}** | {t['detail']} |")
+    lines.append("")
+    for check in checks:
+        lines.append(f"### Concurrent vs sequential ({check['link']} link, "
+                     f"{check['loss']:g} % loss)")
+        lines.append("")
+        lines.append("| protocol | mean conc. | mean seq. | p50 conc. | p50 seq. | p99 conc. | "
+                     "p99 seq. |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        for row in check["rows"]:
+            lines.append(f"| {row['label']} | {_fmt(row['concurrent']['mean'])} | "
+                         f"{_fmt(row['sequential']['mean'])} | {_fmt(row['concurrent']['p50'])}"
+                         f" | {_fmt(row['sequential']['p50'])} | {_fmt(row['concurrent']['p99'])}"
+                         f" | {_fmt(row['sequential']['p99'])} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(out: Path, results: Sequence[dict]) -> list[str]:
+    """PNG plots if matplotlib is installed; returns the files written (or a note why not)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib import ticker
+    except ImportError as exc:
+        return [f"(no plots: matplotlib not importable: {exc})"]
+    written = []
+    links = [name for name in LINKS if any(r["link"] == name for r in results)]
+    protocols = [p for p in adapters.PROTOCOLS if any(r["protocol"] == p for r in results)]
+    styles = {"ours-redundant": ("tab:green", "o"), "ours-reliable": ("tab:olive", "s"),
+              "enet": ("tab:red", "^"), "kcp-fast": ("tab:blue", "D"),
+              "kcp-normal": ("tab:purple", "v")}
+
+    def by_loss(protocol: str, link: str, getter):
+        rows = sorted((r for r in results if r["protocol"] == protocol and r["link"] == link),
+                      key=lambda r: r["loss"])
+        return [r["loss"] for r in rows], [getter(r) for r in rows]
+
+    for kind, ylabel, getter, filename in (
+            ("p99", "p99 round trip (ms)", lambda r: r["summary_ms"]["p99"],
+             "loss_latency_p99.png"),
+            ("wire", "wire bytes / payload bytes",
+             lambda r: r["wire"].get("ratio") if r["wire"] else None,
+             "loss_latency_wire.png")):
+        fig, axes = plt.subplots(1, len(links), figsize=(6.5 * len(links), 4.5), squeeze=False)
+        for ax, link in zip(axes[0], links):
+            for protocol in protocols:
+                xs, ys = by_loss(protocol, link, getter)
+                color, marker = styles[protocol]
+                ax.plot(xs, [math.nan if y is None else y for y in ys], marker=marker,
+                        color=color, label=adapters.LABELS[protocol])
+            if kind == "p99":
+                xs, ys = by_loss("ours-redundant", link,
+                                 lambda r: r.get("limit", {}).get("summary_ms", {}).get("p99"))
+                if any(y is not None for y in ys):
+                    ax.plot(xs, [math.nan if y is None else y for y in ys], linestyle="--",
+                            color="black", label="redundancy limit")
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_title(f"{link} link: {LINKS[link].description}", fontsize=9)
+            ax.set_xlabel("loss per direction (%)")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=110)
+        plt.close(fig)
+        written.append(filename)
+
+    # Per-message trace at the loss closest to 5 %, every protocol, one row per protocol.
+    losses = sorted({r["loss"] for r in results})
+    trace_loss = min(losses, key=lambda v: abs(v - TRACE_LOSS))
+    fig, axes = plt.subplots(len(protocols), len(links),
+                             figsize=(7.5 * len(links), 1.9 * len(protocols) + 0.6),
+                             squeeze=False, sharex=True, sharey=True)
+    for column, link in enumerate(links):
+        for row, protocol in enumerate(protocols):
+            ax = axes[row][column]
+            r = _find(results, protocol, link, trace_loss)
+            if r is None:
+                continue
+            values = r["rtts_ms"]
+            xs = range(len(values))
+            color, _ = styles[protocol]
+            ax.plot(xs, [math.nan if v is None else v for v in values], linewidth=0.7,
+                    color=color)
+            if protocol == "ours-redundant" and "limit" in r:
+                ax.plot(xs, [math.nan if v is None else v for v in r["limit"]["rtts_ms"]],
+                        linewidth=0.5, color="black", alpha=0.5, label="limit")
+                ax.legend(fontsize=7, loc="upper right")
+            s = r["summary_ms"]
+            ax.set_title(f"{link}, {trace_loss:g} %: {r['label']}  (mean {_fmt(s['mean'])}, "
+                         f"p99 {_fmt(s['p99'])}, max {_fmt(s['max'])} ms)", fontsize=8)
+            ax.set_ylabel("RTT ms", fontsize=8)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.grid(True, which="both", alpha=0.3)
+        axes[-1][column].set_xlabel("message number")
+    fig.tight_layout()
+    fig.savefig(out / "loss_latency_trace.png", dpi=110)
+    plt.close(fig)
+    written.append("loss_latency_trace.png")
+    return written
+
+
+def concurrency_comparison(concurrent: Sequence[dict], sequential: Sequence[dict],
+                           rerun: str) -> dict:
+    """Mean, p50 and p99 of one point run both ways; ``rerun`` names the extra run
+    ("sequential" or "concurrent"), whose full results are kept under ``rerun_results``."""
+    rows = []
+    for c in concurrent:
+        s = next(r for r in sequential if r["protocol"] == c["protocol"])
+        rows.append({"protocol": c["protocol"], "label": c["label"],
+                     "concurrent": {k: c["summary_ms"][k] for k in ("mean", "p50", "p99")},
+                     "sequential": {k: s["summary_ms"][k] for k in ("mean", "p50", "p99")}})
+    return {"link": concurrent[0]["link"], "loss": concurrent[0]["loss"], "rows": rows,
+            "rerun": rerun,
+            "rerun_results": list(sequential if rerun == "sequential" else concurrent)}
+
+
+def print_point(results: Sequence[dict]) -> None:
+    for r in results:
+        s = r["summary_ms"]
+        w = r["wire"]
+        limit = r.get("limit", {}).get("summary_ms", {}).get("p99")
+        extra = f"  limit p99 {_fmt(limit)}" if limit is not None else ""
+        problems = ""
+        if r["errors"] or r["order_errors"] or r["corrupt"] or r["duplicates"]:
+            problems = f"  PROBLEM: {r['errors']} order={r['order_errors']} " \
+                       f"corrupt={r['corrupt']} dup={r['duplicates']}"
+        print(f"  {r['link']:>4} {r['loss']:>4g}% {r['label']:<24} "
+              f"{r['delivered']:>4}/{r['count']:<4} mean {_fmt(s['mean']):>6} "
+              f"p50 {_fmt(s['p50']):>6} p95 {_fmt(s['p95']):>6} p99 {_fmt(s['p99']):>7} "
+              f"max {_fmt(s['max']):>7}  wire x{_fmt(w.get('ratio') if w else None, 2)}"
+              f"{extra}{problems}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _loss(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"a percentage 0..100, got {text}")
+    return value
+
+
+def _point(text: str) -> tuple[str, float]:
+    link, colon, loss = text.partition(":")
+    if not colon or link not in LINKS:
+        raise argparse.ArgumentTypeError(f"expected LINK:LOSS with LINK in "
+                                         f"{', '.join(LINKS)}, e.g. high:10; got {text!r}")
+    return link, _loss(loss)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's flags (for ``relay bench loss`` or this script's own parser)."""
+    parser.add_argument("--count", type=_positive_int, default=DEFAULT_COUNT,
+                        help=f"messages per run (default {DEFAULT_COUNT})")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_MS, metavar="MS",
+                        help=f"ms between messages (default {DEFAULT_INTERVAL_MS:g})")
+    parser.add_argument("--size", type=int, default=DEFAULT_SIZE,
+                        help=f"message bytes, at least {HEADER.size} (default {DEFAULT_SIZE})")
+    parser.add_argument("--link", action="append", choices=sorted(LINKS),
+                        help="link profile; repeat for several (default: low and high)")
+    parser.add_argument("--loss", action="append", type=_loss, metavar="PCT",
+                        help="loss per direction in %%; repeat for several "
+                             f"(default: {', '.join(f'{v:g}' for v in LOSSES)})")
+    parser.add_argument("--protocol", action="append", choices=adapters.PROTOCOLS,
+                        dest="protocols", help="protocol; repeat for several (default: all)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"emulator seed, the same for every protocol (default {DEFAULT_SEED})")
+    parser.add_argument("--drain", type=float, default=DEFAULT_DRAIN, metavar="SECONDS",
+                        help="wait this long after the last send for missing echoes "
+                             f"(default {DEFAULT_DRAIN:g})")
+    parser.add_argument("--ack-delay", type=float, default=DEFAULT_ACK_DELAY, metavar="SECONDS",
+                        help=f"our endpoints' ack_delay (default {DEFAULT_ACK_DELAY:g})")
+    parser.add_argument("--redundancy-budget", type=int, default=None, metavar="BYTES",
+                        help="our endpoints' redundancy_budget (default: the EndpointConfig "
+                             "default, 1024): bytes of piggybacked copies per datagram")
+    parser.add_argument("--sequential", action="store_true",
+                        help="run the protocols of a point one after another, not concurrently")
+    parser.add_argument("--check-concurrency", action="append", type=_point, metavar="LINK:LOSS",
+                        help="also rerun this point the other way (sequential when the run is "
+                             "concurrent) and compare; repeat for several, e.g. high:10")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                        help="where the JSON, markdown and PNG files go "
+                             "(default benchmarks/results/)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="event loop (default asyncio: its timers never fire early)")
+
+
+async def _main(args: argparse.Namespace, protocols: list[str], links: list[Link],
+                losses: list[float], options: RunOptions, machine: dict) -> int:
+    gc.collect()
+    gc.freeze()     # what exists now is never scanned again: shorter collector pauses
+    started = time.monotonic()
+    cpu_started = time.process_time()
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    results: list[dict] = []
+    checks: list[dict] = []
+    wanted_checks = set(args.check_concurrency or ())
+    total = len(links) * len(losses)
+    index = 0
+    for link in links:
+        for loss in losses:
+            index += 1
+            print(f"[{index}/{total}] {link.name} link, {loss:g} % loss "
+                  f"({'sequential' if args.sequential else 'concurrent'})", flush=True)
+            point = await run_point(protocols, link, loss, options,
+                                    concurrent=not args.sequential)
+            print_point(point)
+            results.extend(point)
+            if (link.name, loss) in wanted_checks and len(protocols) > 1:
+                print(f"  concurrency check: the same point with "
+                      f"{'concurrent' if args.sequential else 'sequential'} protocols",
+                      flush=True)
+                other = await run_point(protocols, link, loss, options,
+                                        concurrent=args.sequential)
+                print_point(other)
+                concurrent, sequential = (other, point) if args.sequential else (point, other)
+                checks.append(concurrency_comparison(
+                    concurrent, sequential, "concurrent" if args.sequential else "sequential"))
+    wall = time.monotonic() - started
+    for link_name, loss in sorted(wanted_checks - {(c["link"], c["loss"]) for c in checks}):
+        print(f"warning: --check-concurrency {link_name}:{loss:g} is not a point of this run",
+              file=sys.stderr)
+    cpu = time.process_time() - cpu_started
+
+    targets = evaluate_targets(results)
+    meta = {
+        "command": " ".join(shlex.quote(a) for a in (getattr(args, "argv", None) or sys.argv)),
+        "machine": machine, "count": options.count, "size": options.size,
+        "interval_ms": options.interval * 1000.0, "seed": options.seed,
+        "drain_s": options.drain, "ack_delay_s": options.ack_delay,
+        "ours_config": options.ours_config,
+        "concurrent": not args.sequential, "wall_s": wall, "cpu_s": cpu,
+        "started": started_at, "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "links": {name: {"delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms,
+                         "description": link.description} for name, link in LINKS.items()},
+        "percentiles": "linear interpolation between order statistics (numpy default)",
+    }
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "loss_latency.json", "w") as f:
+        json.dump({"meta": meta, "results": results, "targets": targets,
+                   "concurrency_checks": checks}, f, indent=1)
+    markdown = markdown_report(meta, results, targets, checks)
+    (out / "loss_latency.md").write_text(markdown)
+    written = ["loss_latency.json", "loss_latency.md"]
+    if not args.no_plots:
+        written += write_plots(out, results)
+
+    print()
+    print("Targets:")
+    for t in targets:
+        print(f"  {t['status']:<7} {t['target']}: {t['detail']}")
+    for check in checks:
+        print(f"Concurrent vs sequential at {check['link']} {check['loss']:g} %:")
+        for row in check["rows"]:
+            c, s = row["concurrent"], row["sequential"]
+            print(f"  {row['label']:<24} mean {_fmt(c['mean'])} vs {_fmt(s['mean'])}, "
+                  f"p50 {_fmt(c['p50'])} vs {_fmt(s['p50'])}, p99 {_fmt(c['p99'])} vs "
+                  f"{_fmt(s['p99'])}")
+    print(f"wall time {wall:.0f} s, CPU {cpu:.0f} s ({100 * cpu / wall:.0f} % of one core); wrote {', '.join(written)} in {out}")
+
+    failures = [r for r in results
+                if r["errors"] or r["order_errors"] or r["corrupt"] or r["duplicates"]
+                or r["delivered"] != r["count"]]
+    for r in failures:
+        print(f"FAILED: {r['label']} {r['link']} {r['loss']:g} %: delivered "
+              f"{r['delivered']}/{r['count']}, order errors {r['order_errors']}, corrupt "
+              f"{r['corrupt']}, duplicates {r['duplicates']}, {r['errors']}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark for flags parsed with ``add_arguments``; returns the exit status."""
+    protocols = list(dict.fromkeys(args.protocols or adapters.PROTOCOLS))
+    links = [LINKS[name] for name in dict.fromkeys(args.link or list(LINKS))]
+    losses = list(dict.fromkeys(args.loss if args.loss is not None else LOSSES))
+    if args.size < HEADER.size:
+        print(f"error: --size must be at least {HEADER.size}", file=sys.stderr)
+        return 2
+    if args.interval <= 0 or args.drain <= 0 or args.ack_delay < 0:
+        print("error: --interval and --drain must be > 0, --ack-delay >= 0", file=sys.stderr)
+        return 2
+    missing = {p: reason for p in protocols if (reason := adapters.unavailable(p))}
+    if missing:
+        for protocol, reason in missing.items():
+            print(f"error: {reason}", file=sys.stderr)
+        print("install them (pip install pyenet kcp) or leave those protocols out with "
+              "--protocol", file=sys.stderr)
+        return 2
+    machine = machine_info(args.loop)
+    print(f"machine: {machine['cpu']}, {machine['cores']} cores "
+          f"({machine['usable_cores']} usable), {machine['python']}, {machine['platform']}, "
+          f"loop {args.loop}, load {machine['loadavg']}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()))
+    print(f"protocols: {', '.join(protocols)}; links: "
+          f"{', '.join(l.name for l in links)}; loss %: {', '.join(f'{v:g}' for v in losses)}; "
+          f"{args.count} x {args.size} B every {args.interval:g} ms; seed {args.seed}",
+          flush=True)
+    options = RunOptions(count=args.count, interval=args.interval / 1000.0, size=args.size,
+                         seed=args.seed, drain=args.drain, ack_delay=args.ack_delay,
+                         ours_config=({"redundancy_budget": args.redundancy_budget}
+                                      if args.redundancy_budget is not None else None))
+    if args.loop == "uvloop":
+        import uvloop
+        factory = uvloop.new_event_loop
+    else:
+        factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(_main(args, protocols, links, losses, options, machine))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="loss_latency",
+        description="Round-trip latency of a 30 ms echo stream under loss: ours (redundant, "
+                    "reliable_ordered) vs ENet vs KCP, through relay.netem on loopback.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = ["python3", "benchmarks/loss_latency.py",
+                 *(sys.argv[1:] if argv is None else argv)]
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
