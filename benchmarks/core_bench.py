@@ -32,10 +32,13 @@ import struct
 import sys
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
     import relay_core  # noqa: F401  (installed, or on PYTHONPATH)
 except ImportError:     # run from a source checkout with the core built in place
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    sys.path.append(ROOT)   # for benchmarks.machine
 
 import importlib.machinery  # noqa: E402
 
@@ -44,6 +47,8 @@ from relay_core import (  # noqa: E402
 )
 from relay_core import endpoint as _endpoint_module  # noqa: E402
 from relay_core.simlink import LinkProfile, LossyLink  # noqa: E402
+
+from benchmarks.machine import cpu_model, usable_cores  # noqa: E402
 
 TICK_HZ = 30
 CHANNEL = 1                     # "redundant" in the default channel set
@@ -68,19 +73,8 @@ assert HEADER.size == 20
 # -- machine ------------------------------------------------------------------------------------
 
 def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    cpu = cpu_model()
+    usable = usable_cores()
     try:
         import Cython
         cython = Cython.__version__

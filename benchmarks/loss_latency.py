@@ -54,6 +54,7 @@ if str(ROOT) not in sys.path:           # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import adapters  # noqa: E402
+from benchmarks.machine import cpu_model, usable_cores  # noqa: E402
 from relay.netem import LinkSettings, Netem  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
@@ -464,19 +465,8 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
 
 
 def machine_info(loop_name: str) -> dict[str, Any]:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    cpu = cpu_model()
+    usable = usable_cores()
     versions = {}
     from importlib.metadata import PackageNotFoundError, version
     for package in ("relay", "pyenet", "kcp", "matplotlib", "uvloop"):
