@@ -11,6 +11,7 @@ spoofed source addresses costs it one keyed hash per datagram and no memory; eve
 unauthenticated datagram is no larger than that datagram.
 """
 import hashlib
+import heapq
 import hmac
 import random
 from collections import deque
@@ -46,6 +47,11 @@ cdef class Endpoint:
     cdef dict peers_by_address
     cdef dict peers
     cdef list closing
+    # Peers are visited only when something may be due: the ones touched since their last flush
+    # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
+    # idle peers then pays nothing per call for them.
+    cdef set dirty
+    cdef list due_heap                  # (deadline, peer_id, schedule_generation)
     cdef list control_out              # handshake replies waiting for datagrams_to_send
     cdef object events
     cdef uint64_t drop_counts[DROP_REASON_COUNT]
@@ -66,6 +72,8 @@ cdef class Endpoint:
         self.peers_by_address = {}
         self.peers = {}
         self.closing = []
+        self.dirty = set()
+        self.due_heap = []
         self.control_out = []
         self.events = deque()
         self.refusal_counts = {}
@@ -106,6 +114,7 @@ cdef class Endpoint:
                     self.block_budget)
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
+        self.dirty.add(peer.peer_id)
         return peer.peer_id
 
     def send(self, int peer_id, int channel, bytes payload):
@@ -124,6 +133,7 @@ cdef class Endpoint:
                              f"({limit} bytes)")
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
+        self.dirty.add(peer_id)
         return peer.queue_message(channel, payload)
 
     def send_block(self, int peer_id, bytes data):
@@ -134,6 +144,7 @@ cdef class Endpoint:
             raise ValueError(f"block of {len(data)} bytes exceeds max_block_size ({self.config.max_block_size})")
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
+        self.dirty.add(peer_id)
         return peer.block_out.enqueue(data)
 
     def disconnect(self, int peer_id, str reason="closed"):
@@ -173,15 +184,20 @@ cdef class Endpoint:
                 self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
             rc = peer.on_data(p, n, datagram, now)
+            self.dirty.add(peer.peer_id)
             if rc < 0:
                 self.drop_counts[-rc - 1] += 1
             return
         if ptype == PT_CONNECT_REQUEST:
             self._on_connect_request(p, n, address, now)
-        elif ptype == PT_CONNECT_RESPONSE:
+            return
+        if ptype == PT_CONNECT_RESPONSE:
             self._on_connect_response(p, n, address, now)
         else:
             self._on_server_reply(ptype, p, n, datagram, address, now)
+        peer = self.peers_by_address.get(address)
+        if peer is not None:
+            self.dirty.add(peer.peer_id)
 
     def datagrams_to_send(self, double now):
         """Everything due at ``now``, as a list of (bytes, address). Runs due timers first."""
@@ -192,34 +208,57 @@ cdef class Endpoint:
         for peer in self.closing:
             peer.flush(now, self.scratch, out)
         self.closing.clear()
-        for peer in list(self.peers.values()):
+        for peer in self._due_peers(now):
             deadline = peer.next_deadline()
             if 0.0 <= deadline <= now and self._run_timers(peer, now):
                 peer.flush(now, self.scratch, out)      # the DISCONNECT it just queued
                 continue
             peer.flush(now, self.scratch, out)
+            self._schedule(peer)
         return out
 
     def handle_timeout(self, double now):
         """Run every timer due at ``now`` (timeouts, RTO expiries, mode changes)."""
         cdef Peer peer
         cdef double deadline
-        for peer in list(self.peers.values()):
+        for peer in self._due_peers(now):
             deadline = peer.next_deadline()
-            if 0.0 <= deadline <= now:
-                self._run_timers(peer, now)
+            if 0.0 <= deadline <= now and self._run_timers(peer, now):
+                continue
+            self.dirty.add(peer.peer_id)        # the next datagrams_to_send flushes it
 
     def next_timeout(self):
         """The earliest time something is due, or None when there is nothing to wait for."""
         cdef Peer peer
-        cdef double deadline, earliest = -1.0
-        if self.control_out or self.closing:
+        cdef tuple entry
+        if self.control_out or self.closing or self.dirty:
             return 0.0
-        for peer in self.peers.values():
-            deadline = peer.next_deadline()
-            if deadline >= 0.0 and (earliest < 0.0 or deadline < earliest):
-                earliest = deadline
-        return None if earliest < 0.0 else earliest
+        while self.due_heap:
+            entry = self.due_heap[0]
+            peer = self.peers.get(entry[1])
+            if peer is not None and peer.schedule_generation == entry[2]:
+                return entry[0]
+            heapq.heappop(self.due_heap)        # superseded, or the peer is gone
+        return None
+
+    cdef list _due_peers(self, double now):
+        """Peers touched since their last flush, and peers whose scheduled deadline has come."""
+        cdef set ids = self.dirty
+        cdef tuple entry
+        cdef Peer peer
+        self.dirty = set()
+        while self.due_heap and self.due_heap[0][0] <= now:
+            entry = heapq.heappop(self.due_heap)
+            peer = self.peers.get(entry[1])
+            if peer is not None and peer.schedule_generation == entry[2]:
+                ids.add(entry[1])
+        return [self.peers[peer_id] for peer_id in ids if peer_id in self.peers]
+
+    cdef void _schedule(self, Peer peer):
+        cdef double deadline = peer.next_deadline()
+        peer.schedule_generation += 1
+        if deadline >= 0.0:
+            heapq.heappush(self.due_heap, (deadline, peer.peer_id, peer.schedule_generation))
 
     def next_event(self):
         """The oldest undelivered event, or None."""

@@ -16,6 +16,7 @@ cdef enum PeerState:
 
 cdef class Peer:
     cdef readonly int peer_id
+    cdef public unsigned long long schedule_generation   # which entry of the endpoint's heap is current
     cdef readonly object address
     cdef readonly int state
     cdef readonly uint32_t session_id

@@ -229,3 +229,32 @@ def test_without_acks_a_peer_sends_at_most_the_ack_window_per_round_trip():
     sent = pair.client.peer_stats(pair.client_peer).packets_sent - start
     # 1 s at ~100 ms RTT: 32 packets, then one per RTT/32 (~3 ms), not one per millisecond.
     assert 32 < sent < 32 + 1000 / 2.5, sent
+
+
+def test_only_peers_with_work_due_are_flushed_and_next_timeout_tracks_the_earliest():
+    server = Endpoint(EndpointConfig(accept_connections=True, seed=1, heartbeat_interval=0.5))
+    clients = [Endpoint(EndpointConfig(seed=10 + i)) for i in range(5)]
+    addresses = [("10.7.0.%d" % i, 1) for i in range(5)]
+    peers = [c.connect(SERVER, 0.0) for c in clients]
+    now = 0.0
+    for _ in range(20):                      # handshakes, then quiet
+        now += 0.01
+        for i, client in enumerate(clients):
+            for datagram, _ in client.datagrams_to_send(now):
+                server.receive(datagram, addresses[i], now)
+        for datagram, to in server.datagrams_to_send(now):
+            clients[addresses.index(to)].receive(datagram, SERVER, now)
+    assert server.peer_count == 5 and all(c.is_connected(p) for c, p in zip(clients, peers))
+    quiet_since = now
+    assert server.datagrams_to_send(now) == []
+    # Idle: the next thing due is a heartbeat, half a second after the last send.
+    assert quiet_since < server.next_timeout() <= quiet_since + 0.5
+    # Sending to one peer makes exactly that peer due now, and only it gets a datagram.
+    target = server.peer_ids[2]
+    server.send(target, 0, b"just you")
+    assert server.next_timeout() == 0.0
+    sent = server.datagrams_to_send(now + 0.001)
+    assert {to for _, to in sent} == {server.peer_address(target)}
+    # Once their heartbeats are due, every idle peer gets one.
+    sent = server.datagrams_to_send(quiet_since + 0.6)
+    assert len({to for _, to in sent}) == 5
