@@ -443,18 +443,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     loader = EnetLoad(args.server, args.tick_rate)
     try:
-        if args.agent:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from loadgen import Agent
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from loadgen import drive
 
-            Agent(loader, time.monotonic() + min(args.max_lifetime, 3600.0)).serve()
+        result = drive(loader, args)
+        if result is None:
             return 0
-        players = loader.add_players(max(1, args.players))
-        started = loader.wait_running(players, 15.0)
-        loader.window_start()
-        loader.run(min(max(args.seconds, 0.1), 600.0))
-        result = loader.window_end()
-        result["all_running"] = started
+        started = result["all_running"]
         if args.json:
             print(json.dumps(result))
         else:

@@ -531,6 +531,21 @@ class Agent:
             self.load.run(0.05, until=self.check)
 
 
+def drive(load, args) -> Optional[dict]:
+    """What both load generators' command lines do: serve capacity.py's commands (``--agent``,
+    returns None), or add ``--players``, wait until they play, and measure ``--seconds``."""
+    if args.agent:
+        Agent(load, time.monotonic() + min(args.max_lifetime, 3600.0)).serve()
+        return None
+    players = load.add_players(max(1, args.players))
+    started = load.wait_running(players, 15.0)
+    load.window_start()
+    load.run(min(max(args.seconds, 0.1), 600.0))
+    result = load.window_end()
+    result["all_running"] = started
+    return result
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", type=_host_port, default=("127.0.0.1", 7777),
@@ -549,15 +564,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     load = LoadGen(args.server, args.tick_rate, args.input_delay,
                    use_batchio=not args.no_batchio)
     try:
-        if args.agent:
-            Agent(load, time.monotonic() + min(args.max_lifetime, 3600.0)).serve()
+        result = drive(load, args)
+        if result is None:
             return 0
-        players = load.add_players(max(1, args.players))
-        started = load.wait_running(players, 15.0)
-        load.window_start()
-        load.run(min(max(args.seconds, 0.1), 600.0))
-        result = load.window_end()
-        result["all_running"] = started
+        started = result["all_running"]
         if args.json:
             print(json.dumps(result))
         else:

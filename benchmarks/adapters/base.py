@@ -23,6 +23,7 @@ the benchmark derives the redundancy limit from it.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import weakref
@@ -49,7 +50,7 @@ class DatagramLog:
     down_arrived: list = field(default_factory=list)
 
 
-class EchoAdapter:
+class EchoAdapter(abc.ABC):
     """Base class; see the module docstring for the contract."""
 
     name = "?"
@@ -61,17 +62,21 @@ class EchoAdapter:
         self.on_echo = on_echo
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
+    @abc.abstractmethod
     async def start_server(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        raise NotImplementedError
+        """Bind the echo server; returns its address."""
 
+    @abc.abstractmethod
     async def connect(self, host: str, port: int, timeout: float = 10.0) -> None:
-        raise NotImplementedError
+        """Connect the client to the echo server."""
 
+    @abc.abstractmethod
     def send(self, payload: bytes) -> None:
-        raise NotImplementedError
+        """Queue one message on the reliable ordered stream."""
 
+    @abc.abstractmethod
     async def close(self) -> None:
-        raise NotImplementedError
+        """Close both ends and release their sockets."""
 
     def datagram_log(self) -> Optional[DatagramLog]:
         return None
