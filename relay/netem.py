@@ -415,6 +415,7 @@ class Netem:
         self._mappings_expired = 0
         self._clients_rejected = 0
         self._socket_errors = 0
+        self._rebinds = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -520,6 +521,38 @@ class Netem:
         """Live mappings: client address -> local address of its upstream socket."""
         return {addr: m.upstream_local_address for addr, m in self._mappings.items()}
 
+    def rebind(self, client_address: Optional[Address] = None) -> dict[Address, Address]:
+        """Emulate a NAT rebinding: give a client (or every client) a new upstream socket, so
+        the server sees its datagrams come from a new source port mid-session. Replies still in
+        flight to the old port are lost, as behind a real NAT. Returns old -> new local address
+        of each rebound mapping."""
+        if self._loop is None or self._stopped:
+            raise RuntimeError("Netem is not running")
+        if client_address is None:
+            mappings = list(self._mappings.values())
+        elif client_address in self._mappings:
+            mappings = [self._mappings[client_address]]
+        else:
+            raise KeyError(f"no client mapping for {client_address!r}")
+        moved = {}
+        for mapping in mappings:
+            sock = self._upstream_socket()
+            if sock is None:
+                continue
+            old_address = mapping.upstream_local_address
+            if mapping.transport is not None:
+                mapping.transport.close()
+                self._closing_sockets.append(mapping.socket_closed)
+            elif mapping.attach_task is not None:
+                mapping.attach_task.cancel()
+            mapping.transport = None
+            mapping.upstream_local_address = sock.getsockname()[:2]
+            mapping.socket_closed = self._loop.create_future()
+            mapping.attach_task = self._loop.create_task(self._attach(mapping, sock))
+            self._rebinds += 1
+            moved[old_address] = mapping.upstream_local_address
+        return moved
+
     def drop_decisions(self, direction: str) -> list[bool]:
         """Per datagram of ``direction`` ("up"/"down"), in arrival order: was it dropped?
         Needs ``record_decisions=True``; all clients of a direction share one sequence."""
@@ -547,6 +580,7 @@ class Netem:
             "mappings_expired": self._mappings_expired,
             "clients_rejected": self._clients_rejected,
             "socket_errors": self._socket_errors,
+            "rebinds": self._rebinds,
             "up": up,
             "down": self._down.stats(include_decisions),
             "settings": {"up": dataclasses.asdict(self._up.settings),
@@ -602,6 +636,17 @@ class Netem:
             self._clients_rejected += 1
             return None
         assert self._loop is not None
+        sock = self._upstream_socket()
+        if sock is None:
+            return None
+        mapping = _ClientMapping(client_address, sock.getsockname()[:2], time.monotonic(),
+                                 self._loop.create_future())
+        self._mappings[client_address] = mapping
+        self._mappings_opened += 1
+        mapping.attach_task = self._loop.create_task(self._attach(mapping, sock))
+        return mapping
+
+    def _upstream_socket(self) -> Optional[socket.socket]:
         sock = socket.socket(self._upstream_family, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
@@ -609,17 +654,11 @@ class Netem:
             # connect() on UDP to an IP address does not block; it fixes our source port now and
             # makes the kernel discard datagrams from anyone but the upstream.
             sock.connect(self._upstream_sockaddr)
-            local_address = sock.getsockname()[:2]
         except OSError:
             sock.close()
             self._socket_errors += 1
             return None
-        mapping = _ClientMapping(client_address, local_address, time.monotonic(),
-                                 self._loop.create_future())
-        self._mappings[client_address] = mapping
-        self._mappings_opened += 1
-        mapping.attach_task = self._loop.create_task(self._attach(mapping, sock))
-        return mapping
+        return sock
 
     async def _attach(self, mapping: _ClientMapping, sock: socket.socket) -> None:
         assert self._loop is not None
@@ -790,6 +829,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this long (default: until SIGINT/SIGTERM)")
     parser.add_argument("--report-seconds", type=_positive_float, default=None, metavar="N",
                         help="also print the stats JSON line every N seconds")
+    parser.add_argument("--rebind-every", type=_positive_float, default=None, metavar="SECONDS",
+                        help="give every client a new upstream source port this often, as a NAT "
+                             "rebinding or a Wi-Fi to cellular switch would (default: never)")
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                         help="event loop (default: uvloop if installed)")
 
@@ -865,21 +907,27 @@ async def _serve(args: argparse.Namespace) -> int:
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread, or no signals here: --duration still ends the run
 
-    reporter = None
+    background = []
+    if args.rebind_every:
+        async def rebind_periodically() -> None:
+            while True:
+                await asyncio.sleep(args.rebind_every)
+                emulator.rebind()
+        background.append(asyncio.create_task(rebind_periodically()))
     if args.report_seconds:
         async def report_periodically() -> None:
             while True:
                 await asyncio.sleep(args.report_seconds)
                 _print_stats(emulator, final=False)
-        reporter = asyncio.create_task(report_periodically())
+        background.append(asyncio.create_task(report_periodically()))
     try:
         try:
             await asyncio.wait_for(stop_requested.wait(), timeout=args.duration)
         except asyncio.TimeoutError:
             pass
     finally:
-        if reporter is not None:
-            reporter.cancel()
+        for task in background:
+            task.cancel()
         for signum, previous in installed:
             loop.remove_signal_handler(signum)
             if previous is not None:

@@ -330,6 +330,44 @@ def test_each_client_gets_its_own_upstream_port():
     assert sorted(seq_of(d) for d, _, _ in other.received) == [100, 101, 102]
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_rebind_moves_a_client_to_a_new_source_port(loop):
+    async def scenario():
+        s = await echo_setup()
+        for seq in range(3):
+            s.client.transport.sendto(payload(seq), s.emulator.listen_address)
+        await wait_until(lambda: len(s.client.received) == 3)
+        before = s.emulator.client_mappings()[address_of(s.client)]
+        moved = s.emulator.rebind()
+        for seq in range(3, 6):
+            s.client.transport.sendto(payload(seq), s.emulator.listen_address)
+        await wait_until(lambda: len(s.client.received) == 6)
+        after = s.emulator.client_mappings()[address_of(s.client)]
+        stats = s.emulator.stats()
+        await teardown(s)
+        return s, before, after, moved, stats
+
+    s, before, after, moved, stats = run(scenario, loop)
+    assert before != after and moved == {before: after}
+    sources = [addr for _, addr, _ in s.server.received]
+    assert sources[:3] == [before] * 3 and sources[3:] == [after] * 3
+    # The echoes from the new port still reach the same client, in order.
+    assert [seq_of(d) for d, _, _ in s.client.received] == list(range(6))
+    assert stats["rebinds"] == 1 and stats["mappings_opened"] == 1
+
+
+def test_rebind_of_an_unknown_client_is_an_error():
+    async def scenario():
+        s = await echo_setup()
+        try:
+            with pytest.raises(KeyError):
+                s.emulator.rebind(("127.0.0.1", 1))
+        finally:
+            await teardown(s)
+
+    run(scenario)
+
+
 def test_idle_mapping_expires_and_its_socket_closes():
     async def scenario():
         s = await echo_setup(idle_timeout=0.2)
@@ -412,6 +450,7 @@ def test_cli_runs_for_duration_and_prints_stats(loop, capsys):
     (["--listen", "::1:5000"], "--listen"),
     (["--upstream", "127.0.0.1:0"], "--upstream"),
     (["--upstream", "127.0.0.1:70000"], "--upstream"),
+    (["--rebind-every", "0"], "--rebind-every"),
 ])
 def test_cli_rejects_bad_arguments_with_exit_2(argv, flag, capsys):
     base = {"--listen": "127.0.0.1:0", "--upstream": "127.0.0.1:9"}
