@@ -1,11 +1,14 @@
-"""The ``relay`` command line: serve, bot, netem, replay, info."""
+"""The ``relay`` command line: serve, bot, token, netem, replay, info."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
 import signal
 import sys
+import time
 
 import relay
 
@@ -60,6 +63,7 @@ def _serve_command(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config or os.environ.get("RELAY_CONFIG"))
+        config.check_serve()
     except ConfigError as error:
         print(f"relay: invalid configuration: {error}", file=sys.stderr)
         return 2
@@ -68,6 +72,142 @@ def _serve_command(args: argparse.Namespace) -> int:
     import uvloop
 
     return uvloop.run(_serve(config))
+
+
+# -- relay token --------------------------------------------------------------------------------
+
+_TTL = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|d)?\s*")
+_TTL_UNITS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_ttl(text: str) -> float:
+    """"30s", "5m", "1h", "1d" or plain seconds ("45", "2.5") -> seconds (> 0)."""
+    match = _TTL.fullmatch(text)
+    if match is None:
+        raise ValueError(f"ttl {text!r}: a number of seconds, or a number with s, m, h or d "
+                         f"(30s, 5m, 1h)")
+    seconds = float(match.group(1)) * _TTL_UNITS[match.group(2)]
+    if not seconds > 0:
+        raise ValueError(f"ttl {text!r}: must be more than 0 seconds")
+    return seconds
+
+
+def _ttl_argument(text: str) -> float:
+    try:
+        return parse_ttl(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def token_keys_from_args(args: argparse.Namespace) -> tuple[dict[int, bytes], int]:
+    """Keys and the default mint key id from --key / --key-file, else from the relay settings
+    (--config, RELAY_CONFIG, RELAY_SECURITY_KEYS, RELAY_SECURITY_KEYS_FILE). Raises ConfigError."""
+    from relay.config import ConfigError, load_config, parse_keys, read_key_file
+
+    if getattr(args, "key", None) or getattr(args, "key_file", None):
+        keys = parse_keys(" ".join(args.key or ()), "--key")
+        if args.key_file:
+            for key_id, key in read_key_file(args.key_file).items():
+                if key_id in keys:
+                    raise ConfigError(f"key id {key_id} is in both --key and --key-file")
+                keys[key_id] = key
+        mint_id = max(keys)
+    else:
+        security = load_config(getattr(args, "config", None) or os.environ.get("RELAY_CONFIG")).security
+        keys = security.load_keys()
+        if not keys:
+            raise ConfigError("no token key: pass --key ID:BASE64KEY or --key-file FILE, or set "
+                              "security.keys_file / RELAY_SECURITY_KEYS (see `relay token keygen`)")
+        mint_id = security.mint_key()[0]
+    return keys, mint_id
+
+
+def _token_mint(args: argparse.Namespace) -> int:
+    from relay.config import ConfigError
+    from relay_core.token import mint_token
+
+    try:
+        keys, key_id = token_keys_from_args(args)
+    except ConfigError as error:
+        print(f"relay token mint: {error}", file=sys.stderr)
+        return 2
+    if args.key_id is not None:
+        if args.key_id not in keys:
+            print(f"relay token mint: --key-id {args.key_id}: no such key (ids: "
+                  f"{', '.join(map(str, sorted(keys)))})", file=sys.stderr)
+            return 2
+        key_id = args.key_id
+    user_data = args.user_data.encode("utf-8") if args.user_data else b""
+    try:
+        token = mint_token(keys[key_id], key_id, args.room, args.player, args.ttl,
+                           user_data=user_data)
+    except ValueError as error:          # names too long, user data too large
+        print(f"relay token mint: {error}", file=sys.stderr)
+        return 2
+    text = token.encode()
+    if args.json:
+        print(json.dumps({
+            "token": text, "room": token.room, "player": token.player, "key_id": key_id,
+            "expires": token.expires,
+            "expires_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(token.expires)),
+        }))
+    else:
+        print(text)
+    return 0
+
+
+def _token_keygen(args: argparse.Namespace) -> int:
+    import base64
+
+    from relay.config import ConfigError, read_key_file
+    from relay_core.token import generate_key
+
+    key_id = args.id
+    if key_id is None:
+        key_id = 1
+        if args.key_file and os.path.exists(args.key_file):
+            try:
+                key_id = max(read_key_file(args.key_file), default=0) + 1
+            except ConfigError as error:
+                print(f"relay token keygen: {error}", file=sys.stderr)
+                return 2
+    text = base64.b64encode(generate_key()).decode("ascii")
+    print(f"{key_id}:{text}" if args.env else f'{key_id} = "{text}"')
+    return 0
+
+
+def _add_token(sub) -> None:
+    token = sub.add_parser("token", help="connect tokens: mint one (as a game backend would), "
+                                         "or generate a key")
+    token_sub = token.add_subparsers(dest="token", required=True)
+    mint = token_sub.add_parser(
+        "mint", help="print a connect token for one player joining one room",
+        description="Mint a single-use connect token with a relay key. Keys come from --key / "
+                    "--key-file, else from the relay settings (--config, RELAY_SECURITY_KEYS, "
+                    "RELAY_SECURITY_KEYS_FILE).")
+    mint.add_argument("--room", required=True)
+    mint.add_argument("--player", required=True)
+    mint.add_argument("--ttl", type=_ttl_argument, default=30.0,
+                      help="validity: 30s, 5m, 1h or plain seconds (default 30s)")
+    mint.add_argument("--key-id", type=int, help="key to mint with (default: "
+                                                 "security.mint_key_id, else the highest id)")
+    mint.add_argument("--user-data", help="opaque text the relay receives with the token")
+    mint.add_argument("--config", help="relay TOML settings holding the keys")
+    mint.add_argument("--key", action="append", metavar="ID:BASE64KEY", help="a key (repeatable)")
+    mint.add_argument("--key-file", help='TOML file of ID = "BASE64KEY" lines')
+    mint.add_argument("--json", action="store_true",
+                      help="print the token with its room, player, key id and expiry as JSON")
+    mint.set_defaults(func=_token_mint)
+    keygen = token_sub.add_parser(
+        "keygen", help="print a new random key as a key-file line",
+        description='Print a new 32-byte key as an ID = "BASE64KEY" line for a key file '
+                    "(--env: ID:BASE64KEY for RELAY_SECURITY_KEYS). Keys are secrets: give them "
+                    "to the relays and the backend only.")
+    keygen.add_argument("--id", type=int, help="key id (default: 1, or one above the highest "
+                                              "in --key-file)")
+    keygen.add_argument("--key-file", help="existing key file to pick the next id from")
+    keygen.add_argument("--env", action="store_true", help="print ID:BASE64KEY")
+    keygen.set_defaults(func=_token_keygen)
 
 
 def _bench_module(name: str):
@@ -124,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     bot_parser = sub.add_parser("bot", help="headless bots that play and verify a room")
     bot.add_arguments(bot_parser)
     bot_parser.set_defaults(func=bot.run_from_args)
+
+    _add_token(sub)
 
     netem_parser = sub.add_parser("netem", help="user-space UDP link emulator (loss, delay, jitter)")
     netem.add_arguments(netem_parser)

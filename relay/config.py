@@ -5,9 +5,12 @@ and what is allowed, and `relay serve` exits non-zero with that message.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,16 @@ def _check_host(key: str, value: str) -> None:
             raise ConfigError(f"{key}={value!r}: an IPv4/IPv6 address or 'localhost'") from None
 
 
+def is_loopback(host: str) -> bool:
+    """True if a listener on ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:          # a host name: it may resolve anywhere
+        return False
+
+
 def _check_range(key: str, value, low, high) -> None:
     if not low <= value <= high:
         raise ConfigError(f"{key}={value!r}: allowed {low}..{high}")
@@ -42,8 +55,9 @@ def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class ServerSettings:
-    udp_host: str = "0.0.0.0"
-    """Address the game traffic (UDP) listens on."""
+    udp_host: str = "127.0.0.1"
+    """Address the game traffic (UDP) listens on. Loopback by default, so that a relay started
+    with no settings runs in open mode safely; deployments set 0.0.0.0 and token keys."""
     udp_port: int = 7777
     http_host: str = "127.0.0.1"
     """Address of the metrics and admin API (HTTP)."""
@@ -61,6 +75,14 @@ class ServerSettings:
     max_peers: int = 4096
     """Connected clients (players and spectators) across all rooms."""
     mtu: int = 1200
+    max_pending_messages: int = 4096
+    """Messages queued for one peer on one channel behind a full window; past it a frame is
+    not queued (counted as send_queue_full) and the peer is repaired with a catch-up block."""
+    reassembly_limit: int = 1024 * 1024
+    """Bytes one peer may hold in partly received fragmented messages (the rest is dropped,
+    counted as reassembly_full)."""
+    block_memory_limit: int = 64 * 1024 * 1024
+    """Bytes of block receive buffers across all peers."""
 
     def validate(self) -> None:
         _check_host("server.udp_host", self.udp_host)
@@ -74,6 +96,10 @@ class ServerSettings:
         _check_range("server.shutdown_timeout", self.shutdown_timeout, 0.1, 300.0)
         _check_range("server.max_peers", self.max_peers, 1, 1_000_000)
         _check_range("server.mtu", self.mtu, 576, 16384)
+        _check_range("server.max_pending_messages", self.max_pending_messages, 16, 1_000_000)
+        # The core's floor: one largest reliable message must fit (256 KiB).
+        _check_range("server.reassembly_limit", self.reassembly_limit, 256 * 1024, 2**32)
+        _check_range("server.block_memory_limit", self.block_memory_limit, 32 * 1024 * 1024, 2**40)
 
 
 @dataclass
@@ -108,6 +134,30 @@ class RoomSettings:
     """A client this many frames behind gets the missing frames as one block."""
     checksum_window: int = 600
     """Frames of checksum history kept for desync detection."""
+    missing_input_policy: str = "none"
+    """What a frame carries for a connected player whose input has not arrived when the frame
+    closes: none = no input (nil); repeat = the slot's input of the previous frame; neutral =
+    neutral_input. Made-up inputs are marked synthesized in the frame."""
+    neutral_input: str = ""
+    """The neutral input for missing_input_policy = neutral, as hex (e.g. "00000000")."""
+    input_delay_advice: bool = True
+    """Measure how long each player's inputs take to arrive and advise it an input delay."""
+    input_delay_percentile: float = 99.0
+    """Advice covers this percentile of a player's input response times (send of frame N to
+    arrival of the input sent after it)."""
+    input_delay_margin: float = 0.010
+    """Added to that percentile before rounding up to whole frames, seconds."""
+    input_delay_min: int = 1
+    input_delay_max: int = 10
+    """Bounds of the advised input delay, frames."""
+    input_delay_window: int = 150
+    """Input response times kept per player (the newest), for the percentile."""
+    input_delay_interval: float = 5.0
+    """The advice is sent when it changes, and repeated this often, seconds."""
+
+    @property
+    def neutral_input_bytes(self) -> bytes:
+        return bytes.fromhex(self.neutral_input)
 
     def validate(self) -> None:
         _check_range("rooms.max_rooms", self.max_rooms, 1, 1_000_000)
@@ -124,6 +174,26 @@ class RoomSettings:
         _check_range("rooms.max_spectators", self.max_spectators, 0, 10_000)
         _check_range("rooms.catchup_frames", self.catchup_frames, 2, 1_000_000)
         _check_range("rooms.checksum_window", self.checksum_window, 1, 1_000_000)
+        _check_choice("rooms.missing_input_policy", self.missing_input_policy,
+                      ("none", "repeat", "neutral"))
+        try:
+            neutral = bytes.fromhex(self.neutral_input)
+        except ValueError:
+            raise ConfigError(f"rooms.neutral_input={self.neutral_input!r}: hex digits, two per "
+                              f"byte (e.g. \"00ff\")") from None
+        if len(neutral) > self.max_input_bytes:
+            raise ConfigError(f"rooms.neutral_input={self.neutral_input!r}: {len(neutral)} bytes, "
+                              f"more than rooms.max_input_bytes={self.max_input_bytes}")
+        if self.missing_input_policy == "neutral" and not neutral:
+            raise ConfigError("rooms.neutral_input='': rooms.missing_input_policy=neutral needs "
+                              "the neutral input as hex bytes")
+        _check_range("rooms.input_delay_percentile", self.input_delay_percentile, 50.0, 100.0)
+        _check_range("rooms.input_delay_margin", self.input_delay_margin, 0.0, 1.0)
+        _check_range("rooms.input_delay_min", self.input_delay_min, 1, self.max_input_lead)
+        _check_range("rooms.input_delay_max", self.input_delay_max, self.input_delay_min,
+                     self.max_input_lead)
+        _check_range("rooms.input_delay_window", self.input_delay_window, 10, 10_000)
+        _check_range("rooms.input_delay_interval", self.input_delay_interval, 0.1, 3600.0)
         # Every frame must fit one reliable message of the core (256 KiB): inputs plus framing.
         worst_frame = self.capacity * (self.max_input_bytes + 5) + 64
         if worst_frame > 256 * 1024:
@@ -139,11 +209,162 @@ class ReplaySettings:
     """Where replay files go; created if missing."""
     max_bytes: int = 256 * 1024 * 1024
     """Compressed size at which one replay stops growing (counted and logged)."""
+    max_disk_bytes: int = 8 * 1024**3
+    """Total size of the *.replay files in the directory: past it the oldest finished replays
+    are deleted; if the replays still being written alone exceed it, the newest of them is
+    closed and no new one starts until there is room (each counted and logged). 0: no cap."""
 
     def validate(self) -> None:
         if not self.directory:
             raise ConfigError("replay.directory='': a directory path")
         _check_range("replay.max_bytes", self.max_bytes, 1024, 2**40)
+        if self.max_disk_bytes:
+            _check_range("replay.max_disk_bytes", self.max_disk_bytes, self.max_bytes, 2**50)
+
+
+SECURITY_MODES = ("auto", "open", "token")
+KEY_SIZE = 32
+"""Bytes of a token key (relay_core.token.KEY_SIZE)."""
+MAX_KEY_ID = 0xFFFFFFFF
+MIN_ADMIN_TOKEN = 16
+
+
+def _decode_key(where: str, key_id: str, text: str) -> tuple[int, bytes]:
+    if not key_id.strip().isdigit() or not 0 <= int(key_id) <= MAX_KEY_ID:
+        raise ConfigError(f"{where}: key id {key_id!r}: an integer 0..{MAX_KEY_ID}")
+    # Standard or URL-safe base64, padded or not (`openssl rand -base64 32` and `relay token
+    # keygen` both work).
+    text = text.strip().replace("-", "+").replace("_", "/")
+    try:
+        key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{where}: key {key_id}: not base64 text") from None
+    if len(key) != KEY_SIZE:
+        raise ConfigError(f"{where}: key {key_id}: {len(key)} bytes, a key is {KEY_SIZE} bytes "
+                          f"(generate one with `relay token keygen`)")
+    return int(key_id), key
+
+
+def parse_keys(text: str, where: str = "security.keys") -> dict[int, bytes]:
+    """``"ID:BASE64KEY"`` pairs separated by commas or whitespace -> {key id: 32-byte key}."""
+    keys: dict[int, bytes] = {}
+    for item in text.replace(",", " ").split():
+        key_id, sep, encoded = item.partition(":")
+        if not sep:
+            raise ConfigError(f"{where}: {item[:8]!r}...: expected ID:BASE64KEY")
+        number, key = _decode_key(where, key_id, encoded)
+        if number in keys:
+            raise ConfigError(f"{where}: key id {number} appears twice")
+        keys[number] = key
+    return keys
+
+
+def read_key_file(path: str) -> dict[int, bytes]:
+    """A TOML file of ``ID = "BASE64KEY"`` lines -> {key id: 32-byte key}."""
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as error:
+        raise ConfigError(f"security.keys_file={path!r}: cannot read it: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"security.keys_file={path!r}: not valid TOML (expected lines "
+                          f"ID = \"BASE64KEY\"): {error}") from None
+    keys: dict[int, bytes] = {}
+    for key_id, encoded in document.items():
+        if not isinstance(encoded, str):
+            raise ConfigError(f"security.keys_file={path!r}: key {key_id}: expected "
+                              f"{key_id} = \"BASE64KEY\"")
+        number, key = _decode_key(f"security.keys_file={path!r}", key_id, encoded)
+        if number in keys:     # "1" and "01" are different TOML keys
+            raise ConfigError(f"security.keys_file={path!r}: key id {number} appears twice")
+        keys[number] = key
+    return keys
+
+
+@dataclass
+class SecuritySettings:
+    mode: str = "auto"
+    """token: every connection needs a connect token minted with one of the keys; open: anyone
+    may connect and join (for loopback and trusted networks); auto: open when server.udp_host
+    is a loopback address, token otherwise."""
+    keys: str = ""
+    """Token keys inline, "ID:BASE64KEY" pairs separated by commas. Prefer keys_file or the
+    RELAY_SECURITY_KEYS variable: keys are secrets."""
+    keys_file: str = ""
+    """TOML file of ID = "BASE64KEY" lines (a Kubernetes Secret, a root-only file)."""
+    mint_key_id: int = -1
+    """The key `relay token mint` and `relay bot` mint with; -1: the highest key id."""
+    encrypt_packets: bool = True
+    """Token mode: encrypt and authenticate every session packet (false: tokens authorize the
+    handshake only)."""
+    handshake_rate: float = 50.0
+    """Handshake packets accepted per second from one source address (a NAT may hide many
+    players behind one address); the rest are dropped as rate_limited."""
+    handshake_burst: int = 100
+    """Handshake packets one source address may send at once before handshake_rate applies."""
+    admin_token: str = ""
+    """Bearer token of the admin API; required when server.http_host is not loopback. Prefer
+    admin_token_file or RELAY_SECURITY_ADMIN_TOKEN."""
+    admin_token_file: str = ""
+    """File holding the admin bearer token (surrounding whitespace ignored)."""
+
+    def validate(self) -> None:
+        _check_choice("security.mode", self.mode, SECURITY_MODES)
+        _check_range("security.mint_key_id", self.mint_key_id, -1, MAX_KEY_ID)
+        _check_range("security.handshake_rate", self.handshake_rate, 0.1, 1_000_000.0)
+        _check_range("security.handshake_burst", self.handshake_burst, 1, 1_000_000)
+        keys = self.load_keys()
+        if self.mint_key_id >= 0 and self.mint_key_id not in keys:
+            raise ConfigError(f"security.mint_key_id={self.mint_key_id}: no key has this id "
+                              f"(ids: {', '.join(map(str, sorted(keys))) or 'none'})")
+        self.load_admin_token()
+
+    def load_keys(self) -> dict[int, bytes]:
+        """Every key, from ``keys`` and ``keys_file`` (an id in both is an error)."""
+        keys = parse_keys(self.keys)
+        if self.keys_file:
+            for key_id, key in read_key_file(self.keys_file).items():
+                if key_id in keys:
+                    raise ConfigError(f"security.keys_file={self.keys_file!r}: key id {key_id} "
+                                      f"is also in security.keys")
+                keys[key_id] = key
+        return keys
+
+    def mint_key(self) -> tuple[int, bytes]:
+        """(key id, key) to mint tokens with; ConfigError if there is no key."""
+        keys = self.load_keys()
+        if not keys:
+            raise ConfigError("no token key: set security.keys_file or RELAY_SECURITY_KEYS "
+                              "(generate a key with `relay token keygen`)")
+        key_id = self.mint_key_id if self.mint_key_id >= 0 else max(keys)
+        return key_id, keys[key_id]
+
+    def load_admin_token(self) -> str | None:
+        if self.admin_token and self.admin_token_file:
+            raise ConfigError("security.admin_token and security.admin_token_file are both set; "
+                              "keep one")
+        key, token = "security.admin_token", self.admin_token
+        if self.admin_token_file:
+            key = f"security.admin_token_file={self.admin_token_file!r}"
+            try:
+                token = Path(self.admin_token_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as error:
+                raise ConfigError(f"{key}: cannot read it: "
+                                  f"{getattr(error, 'strerror', None) or error}") from None
+        if not token:
+            return None
+        if len(token) < MIN_ADMIN_TOKEN or not token.isascii() or not token.isprintable() \
+                or any(char.isspace() for char in token):
+            # Never echo the secret itself.
+            raise ConfigError(f"{key}: at least {MIN_ADMIN_TOKEN} printable ASCII characters "
+                              f"without spaces (e.g. `openssl rand -hex 32`)")
+        return token
+
+    def effective_mode(self, udp_host: str) -> str:
+        """"open" or "token": what "auto" means for a listener on ``udp_host``."""
+        if self.mode != "auto":
+            return self.mode
+        return "open" if is_loopback(udp_host) else "token"
 
 
 @dataclass
@@ -152,13 +373,42 @@ class RelayConfig:
     rooms: RoomSettings = field(default_factory=RoomSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     agones: AgonesSettings = field(default_factory=AgonesSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
 
     def validate(self) -> "RelayConfig":
         self.server.validate()
         self.rooms.validate()
         self.replay.validate()
         self.agones.validate()
+        self.security.validate()
         return self
+
+    @property
+    def security_mode(self) -> str:
+        """"open" or "token", with "auto" resolved for server.udp_host."""
+        return self.security.effective_mode(self.server.udp_host)
+
+    @property
+    def admin_auth_required(self) -> bool:
+        """Whether the admin API demands a bearer token (non-loopback HTTP, or a token set)."""
+        return not is_loopback(self.server.http_host) or self.security.load_admin_token() is not None
+
+    def check_serve(self) -> None:
+        """What a valid file may still lack to serve safely; ConfigError saying what to set.
+
+        Kept out of validate(): an example file or an image's environment is valid on its own,
+        and its secrets arrive at deployment (a key file, a Kubernetes Secret)."""
+        if self.security_mode == "token" and not self.security.load_keys():
+            raise ConfigError(
+                f"security.mode={self.security.mode!r} needs token keys "
+                f"(server.udp_host={self.server.udp_host!r} is not loopback-only): set "
+                f"security.keys_file or RELAY_SECURITY_KEYS (generate a key with `relay token "
+                f"keygen`), or security.mode = \"open\" to let anyone connect")
+        if not is_loopback(self.server.http_host) and self.security.load_admin_token() is None:
+            raise ConfigError(
+                f"server.http_host={self.server.http_host!r} is not loopback-only, so the admin "
+                f"API needs a bearer token: set security.admin_token_file or "
+                f"RELAY_SECURITY_ADMIN_TOKEN (e.g. `openssl rand -hex 32`)")
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(RelayConfig)}
@@ -247,12 +497,20 @@ def load_config(path: Optional[str | Path] = None,
     try:
         return config.validate()
     except ConfigError as error:
-        key = str(error).split("=", 1)[0]
+        key = re.split(r"[=:]", str(error), maxsplit=1)[0]
         if key in from_env:
             raise ConfigError(f"{error} (from environment variable {from_env[key]})") from None
         raise
 
 
+SECRETS = {("security", "keys"), ("security", "admin_token")}
+"""Settings never logged: describe() shows whether they are set."""
+
+
 def describe(config: RelayConfig) -> dict:
-    """The effective settings as a plain dict (logged at start-up)."""
-    return dataclasses.asdict(config)
+    """The effective settings as a plain dict (logged at start-up), secrets masked."""
+    settings = dataclasses.asdict(config)
+    for section, key in SECRETS:
+        if settings[section][key]:
+            settings[section][key] = "<set>"
+    return settings

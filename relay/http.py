@@ -21,11 +21,18 @@ Routes::
 
 The server's methods are synchronous and run on the event loop thread, like the rest of the
 relay; they must not block.
+
+Authentication: when the listener is not loopback-only, or an admin token is configured, every
+route except /health, /ready and /metrics needs ``Authorization: Bearer <admin token>``:
+401 (with ``WWW-Authenticate: Bearer``) when the header is missing or malformed, 403 when the
+token is wrong.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -49,6 +56,10 @@ PUBLIC_ROUTES = frozenset({"health", "ready", "metrics"})
 
 SERVER_KEY = web.AppKey("server", object)
 METRICS_KEY = web.AppKey("metrics", object)
+AUTH_KEY = web.AppKey("auth", object)
+
+AUTH_LOG_INTERVAL = 10.0
+"""Seconds between log lines about refused admin requests (each one is counted)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,14 +96,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         headers = {name: value for name, value in error.headers.items()
                    if name.lower() in ("allow", "retry-after", "www-authenticate")}
         message = error.reason
-        if error.status == 405:
+        code = _http_error_code(error.status, error.reason)
+        if error.status in (401, 403):
+            code = "unauthorized" if error.status == 401 else "forbidden"
+        elif error.status == 405:
             message = f"method {request.method} not allowed; allowed: {headers.get('Allow', '')}"
         elif error.status == 404:
             message = f"no route for {request.path}"
         elif error.status == 413:
             message = f"request body larger than {MAX_BODY_SIZE} bytes"
-        return error_response(error.status, _http_error_code(error.status, error.reason),
-                              message, headers)
+        return error_response(error.status, code, message, headers)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal", "internal server error")
@@ -100,18 +113,61 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 # -- authentication ----------------------------------------------------------------------------
 
+class AdminAuth:
+    """The admin bearer token and whether it is demanded; counts and logs refusals."""
+
+    def __init__(self, token: str | None, required: bool, metrics: Any = None):
+        if required and not token:
+            raise ValueError("the admin API requires authentication here but no admin token "
+                             "is configured (security.admin_token_file or RELAY_SECURITY_ADMIN_TOKEN)")
+        self.required = required or bool(token)
+        self._token = token.encode() if token else b""
+        self._metrics = metrics
+        self._last_log = -AUTH_LOG_INTERVAL
+        self._unlogged = 0
+
+    def check(self, request: web.Request) -> None:
+        """Raise 401/403 unless the request carries the admin token."""
+        header = request.headers.get("Authorization")
+        if header is None:
+            self._refuse(request, 401, "missing", "this endpoint needs Authorization: Bearer <admin token>")
+        scheme, _, credentials = header.partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() != "bearer" or not credentials:
+            self._refuse(request, 401, "malformed", "malformed Authorization header; expected "
+                                                    "Authorization: Bearer <admin token>")
+        # Constant time: the comparison must not tell how much of a guess was right.
+        if not hmac.compare_digest(credentials.encode("utf-8", "surrogateescape"), self._token):
+            self._refuse(request, 403, "wrong", "wrong admin token")
+
+    def _refuse(self, request: web.Request, status: int, reason: str, message: str):
+        if self._metrics is not None:
+            self._metrics.admin_auth_failures.labels(reason=reason).inc()
+        now = time.monotonic()
+        self._unlogged += 1
+        if now - self._last_log >= AUTH_LOG_INTERVAL:
+            log.warning("admin request refused (%s): %s %s from %s; %d refused since the last "
+                        "such line", reason, request.method, request.path, request.remote,
+                        self._unlogged)
+            self._last_log, self._unlogged = now, 0
+        headers = {"WWW-Authenticate": 'Bearer realm="relay-admin"'}
+        if status == 401:
+            if reason == "malformed":
+                headers["WWW-Authenticate"] += ', error="invalid_request"'
+            raise web.HTTPUnauthorized(reason=message, headers=headers)
+        headers["WWW-Authenticate"] += ', error="invalid_token"'
+        raise web.HTTPForbidden(reason=message, headers=headers)
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The place for admin authentication (not implemented yet: every request is allowed).
-
-    Bearer tokens go here: for a matched route whose name is not in ``PUBLIC_ROUTES``, check
-    the ``Authorization`` header and raise ``web.HTTPUnauthorized`` (the error middleware,
-    which runs outside this one, turns it into a JSON 401). Unknown routes and wrong methods
-    have no route name and fall through to their 404/405.
-    """
+    """Admin routes (every matched route not in ``PUBLIC_ROUTES``) need the bearer token when
+    authentication is on. The error middleware, outside this one, turns the 401/403 into JSON;
+    unknown routes and wrong methods have no route name and fall through to their 404/405."""
+    auth: AdminAuth = request.app[AUTH_KEY]
     route_name = request.match_info.route.name
-    if route_name is not None and route_name not in PUBLIC_ROUTES:
-        pass        # authentication of admin routes goes here
+    if auth.required and route_name is not None and route_name not in PUBLIC_ROUTES:
+        auth.check(request)
     return await handler(request)
 
 
@@ -234,13 +290,17 @@ async def drain(request: web.Request) -> web.Response:
 
 # -- application -------------------------------------------------------------------------------
 
-def create_app(server: Any, metrics: Any) -> web.Application:
+def create_app(server: Any, metrics: Any, *, admin_token: str | None = None,
+               require_auth: bool = False) -> web.Application:
     """The aiohttp application serving ``server`` (see the module docstring for the routes)
-    and ``metrics.render()`` at ``/metrics``."""
+    and ``metrics.render()`` at ``/metrics``. Admin routes need ``admin_token`` when it is set
+    or ``require_auth`` (a listener beyond loopback); ``require_auth`` without a token raises
+    ValueError."""
     app = web.Application(middlewares=[error_middleware, auth_middleware],
                           client_max_size=MAX_BODY_SIZE)
     app[SERVER_KEY] = server
     app[METRICS_KEY] = metrics
+    app[AUTH_KEY] = AdminAuth(admin_token, require_auth, metrics)
     router = app.router
     router.add_get("/health", health, name="health")
     router.add_get("/ready", ready, name="ready")
@@ -256,11 +316,17 @@ def create_app(server: Any, metrics: Any) -> web.Application:
 
 
 async def start_http(server: Any, metrics: Any, host: str | None, port: int,
-                     *, shutdown_timeout: float = 5.0) -> tuple[web.AppRunner, int]:
+                     *, shutdown_timeout: float = 5.0, admin_token: str | None = None,
+                     require_auth: bool | None = None) -> tuple[web.AppRunner, int]:
     """Serve the app on ``host:port`` (port 0 picks a free one); returns the runner, for
     ``stop_http``, and the port actually bound (of the first socket, if ``host`` resolves to
-    several addresses)."""
-    runner = web.AppRunner(create_app(server, metrics), shutdown_timeout=shutdown_timeout)
+    several addresses). ``require_auth`` defaults to "``host`` is not loopback-only"."""
+    if require_auth is None:
+        from relay.config import is_loopback
+
+        require_auth = host is None or not is_loopback(host)
+    app = create_app(server, metrics, admin_token=admin_token, require_auth=require_auth)
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -31,11 +31,21 @@ ROOM_STATES = ("waiting", "running", "ended")
 INPUT_OUTCOMES = ("accepted", "late", "duplicate", "refused")
 INPUT_REFUSAL_REASONS = ("too_large", "too_far_ahead", "not_running", "not_a_player",
                          "late_dropped")
-APP_DROP_REASONS = ("malformed_message", "wrong_channel", "unexpected_block", "too_large")
-"""Drops the relay itself counts (a datagram the core delivered but the app protocol rejects)."""
+APP_DROP_REASONS = ("malformed_message", "wrong_channel", "unexpected_block", "too_large",
+                    "send_queue_full")
+"""Drops the relay itself counts (a datagram the core delivered but the app protocol rejects,
+or a message the core would not queue: send_queue_full is a peer's queue at
+server.max_pending_messages)."""
 DROP_REASON_LABELS = tuple(DROP_REASONS) + APP_DROP_REASONS
 BLOCK_OUTCOMES = ("started", "delivered")
 JOIN_OUTCOMES = ("joined", "reconnected", "spectator", "refused")
+JOIN_REFUSAL_REASONS = ("room_full", "spectators_full", "too_many_rooms", "unknown_room",
+                        "draining", "running", "room_ended", "slot_expired", "already_joined",
+                        "wrong_room", "wrong_player")
+"""The usual refusal reasons, created at zero; any other reason gets its series when it happens."""
+HANDSHAKE_REFUSAL_REASONS = ("server_full", "token_invalid", "token_expired", "token_used")
+ADMIN_AUTH_FAILURES = ("missing", "malformed", "wrong")
+REPLAY_DISK_ACTIONS = ("deleted", "stopped", "not_recorded")
 
 TICK_LATENESS_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 RTT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0)
@@ -82,9 +92,20 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
     ("joins", Counter, "relay_joins_total", "Join requests, by outcome.", ("outcome",),
      JOIN_OUTCOMES, {}),
     ("refusals", Counter, "relay_join_refusals_total", "Refused joins, by reason.",
-     ("reason",), (), {}),
+     ("reason",), JOIN_REFUSAL_REASONS, {}),
+    ("handshake_refusals", Counter, "relay_handshake_refusals_total",
+     "Connections refused during the handshake (relay full, bad, expired or reused connect "
+     "token), by reason.", ("reason",), HANDSHAKE_REFUSAL_REASONS, {}),
+    ("security_open_mode", Gauge, "relay_security_open_mode",
+     "1 when clients connect without connect tokens (open mode), 0 in token mode.", (), (), {}),
+    ("admin_auth_failures", Counter, "relay_admin_auth_failures_total",
+     "Admin API requests refused for a missing, malformed or wrong bearer token.",
+     ("reason",), ADMIN_AUTH_FAILURES, {}),
     ("replay_bytes", Counter, "relay_replay_written_bytes_total", "Bytes written to replays.",
      (), (), {}),
+    ("replay_disk", Counter, "relay_replay_disk_cap_total",
+     "Replays deleted (oldest finished), stopped early or not recorded to keep "
+     "replay.max_disk_bytes, by action.", ("action",), REPLAY_DISK_ACTIONS, {}),
     ("draining", Gauge, "relay_draining", "1 while the relay is draining, else 0.", (), (), {}),
 )
 
@@ -124,7 +145,11 @@ class Metrics:
     blocks: Counter
     joins: Counter
     refusals: Counter
+    handshake_refusals: Counter
+    security_open_mode: Gauge
+    admin_auth_failures: Counter
     replay_bytes: Counter
+    replay_disk: Counter
     draining: Gauge
 
     def __init__(self, process: bool = True, platform: bool = True):
@@ -212,6 +237,12 @@ class Metrics:
         """
         for reason, total in drops.items():
             self.add_counter_delta(self.drops.labels(reason), total, ("drops", reason), source)
+
+    def sync_refusals(self, refusals: Mapping[str, int], source: Hashable = "endpoint") -> None:
+        """Mirror a cumulative ``{reason: count}`` of handshake refusals (``Endpoint.refusals``)."""
+        for reason, total in refusals.items():
+            self.add_counter_delta(self.handshake_refusals.labels(reason), total,
+                                   ("handshake_refusals", reason), source)
 
     def sync_totals(self, source: Hashable = "endpoint", **totals: int) -> None:
         """Mirror cumulative traffic totals of one source: keywords ``datagrams_received``,

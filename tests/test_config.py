@@ -31,7 +31,9 @@ def error_of(path=None, environ=None) -> str:
 
 def test_embedded_defaults_are_valid():
     config = load_config(None, environ={})
-    assert (config.server.udp_host, config.server.udp_port) == ("0.0.0.0", 7777)
+    # Loopback by default: `relay serve` with no settings is open mode, reachable from here only.
+    assert (config.server.udp_host, config.server.udp_port) == ("127.0.0.1", 7777)
+    assert config.security_mode == "open"
     assert (config.server.http_host, config.server.http_port) == ("127.0.0.1", 9100)
     assert config.server.tick_rate == 30
     assert config.rooms.start_policy == "players" and config.rooms.capacity == 8
@@ -72,7 +74,7 @@ directory = "/var/lib/relay/replays"
     assert config.rooms.empty_timeout == 12.5
     assert config.replay.enabled is False and config.replay.directory == "/var/lib/relay/replays"
     # settings the file does not name keep their defaults
-    assert config.server.udp_host == "0.0.0.0" and config.rooms.max_input_bytes == 256
+    assert config.server.udp_host == "127.0.0.1" and config.rooms.max_input_bytes == 256
     assert describe(config)["server"]["tick_rate"] == 60
 
 
