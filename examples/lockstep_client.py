@@ -112,7 +112,11 @@ class RunResult:
     notices: list = field(default_factory=list)
     inputs_sent: int = 0
     inputs_missing: int = 0
-    """Frames (after our first input was due) that closed without an input from us."""
+    """Frames (after our first input was due) that closed without an input from us (or with
+    one the relay synthesized because ours was late)."""
+    input_delay: int = 0
+    """The input delay in use at the end (the relay's advice with auto_input_delay)."""
+    advised_input_delay: Optional[int] = None
     error: Optional[str] = None
 
 
@@ -120,10 +124,12 @@ async def run(host: str, port: int, room: str, player: str, frames: int, *,
               input_delay: int = 2, checksum_every: int = 30, start_timeout: float = 60.0,
               timeout: float = 10.0, linger: float = 0.5,
               log: Optional[Callable[[str], None]] = None,
-              perturb_at: Optional[int] = None) -> RunResult:
+              perturb_at: Optional[int] = None, auto_input_delay: bool = False) -> RunResult:
     """Join ``room`` as ``player``, play frames 0 .. frames-1, return the final world.
 
-    ``input_delay``: our input for frame N + input_delay is sent once frame N is applied.
+    ``input_delay``: our input for frame N + input_delay is sent once frame N is applied;
+    ``auto_input_delay``: follow the relay's advice instead (the SDK changes the delay without
+    giving a frame two inputs or none).
     ``linger``: seconds to stay in the room after the last frame, so that the relay can compare
     the last checksums and a DESYNC can reach us. ``perturb_at``: for demonstrations and tests,
     corrupt our own world at that frame to provoke a DESYNC.
@@ -131,7 +137,8 @@ async def run(host: str, port: int, room: str, player: str, frames: int, *,
     if frames < 1 or input_delay < 1 or checksum_every < 1:
         raise ValueError("frames, input_delay and checksum_every must be >= 1")
     say = log or (lambda text: None)
-    client = await RelayClient.connect(host, port, room, player, timeout=timeout)
+    client = await RelayClient.connect(host, port, room, player, timeout=timeout,
+                                       input_delay=input_delay, auto_input_delay=auto_input_delay)
     welcome = client.welcome
     world = World()
     result = RunResult(player, welcome.slot, 0, world.snapshot(), live_from=welcome.next_frame)
@@ -146,17 +153,14 @@ async def run(host: str, port: int, room: str, player: str, frames: int, *,
             return result
         slot = welcome.slot
         first_live = welcome.next_frame
-        last_sent = first_live - 1
 
-        def send_inputs_up_to(frame_number: int) -> None:
-            # Frames before first_live were closed before we joined: no point in inputs for them.
-            nonlocal last_sent
-            while last_sent < frame_number:
-                last_sent += 1
-                if client.send_input(last_sent, choose_input(world, slot, player, last_sent)):
-                    result.inputs_sent += 1
+        def send_next_input() -> None:
+            # The SDK picks the frame (last applied + input delay) and skips the history's
+            # frames, which closed before we joined.
+            sent = client.send_next_input(choose_input(world, slot, player, world.frame + 1))
+            result.inputs_sent += len(sent)
 
-        send_inputs_up_to(first_live + input_delay - 1)
+        send_next_input()
         while world.frame < frames - 1:
             try:
                 frame = await client.next_frame_or_none(timeout=timeout)
@@ -171,9 +175,10 @@ async def run(host: str, port: int, room: str, player: str, frames: int, *,
             if frame.number == perturb_at and slot in world.dots:
                 world.dots[slot].x = (world.dots[slot].x + 1) % WORLD_SIZE
             if (frame.number >= first_live + input_delay
-                    and (slot >= len(frame.inputs) or frame.inputs[slot] is None)):
+                    and (slot >= len(frame.inputs) or frame.inputs[slot] is None
+                         or slot in frame.synthesized)):
                 result.inputs_missing += 1
-            send_inputs_up_to(frame.number + input_delay)
+            send_next_input()
             if (frame.number + 1) % checksum_every == 0 or frame.number == frames - 1:
                 value = world.checksum()
                 result.checksums[frame.number] = value
@@ -182,12 +187,15 @@ async def run(host: str, port: int, room: str, player: str, frames: int, *,
                     + "  ".join(f"{d.player}@({d.x},{d.y})" for d in world.dots.values()))
         result.frames = world.frame + 1
         result.state = world.snapshot()
+        result.input_delay = client.input_delay
+        result.advised_input_delay = client.advised_input_delay
         if result.error is None and linger > 0:
             await asyncio.sleep(linger)
         result.desyncs = [list(d) for d in client.desyncs]
         result.notices = [list(n) for n in client.notices]
-        for frame_number, checksums, minority in result.desyncs:
-            say(f"[{player}] DESYNC at frame {frame_number}: {checksums} minority {minority}")
+        for frame_number, checksums, minority, *verdict in result.desyncs:
+            say(f"[{player}] DESYNC at frame {frame_number}: {checksums} "
+                f"verdict {verdict[0] if verdict else '-'}, minority {minority}")
         return result
     finally:
         await client.close()
@@ -209,6 +217,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--frames", type=int, default=300, help="stop after this many frames")
     parser.add_argument("--input-delay", type=int, default=2,
                         help="frames between applying frame N and the frame our next input is for")
+    parser.add_argument("--auto-input-delay", action="store_true",
+                        help="follow the relay's input-delay advice (starting from --input-delay)")
     parser.add_argument("--checksum-every", type=int, default=30, metavar="N",
                         help="report a checksum of the world every N frames")
     parser.add_argument("--start-timeout", type=float, default=60.0,
@@ -218,6 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         result = asyncio.run(run(host, port, args.room, args.player, args.frames,
                                  input_delay=args.input_delay, checksum_every=args.checksum_every,
+                                 auto_input_delay=args.auto_input_delay,
                                  start_timeout=args.start_timeout,
                                  log=lambda text: print(text, flush=True)))
     except (RelayError, ValueError) as error:
@@ -229,7 +240,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     final = result.checksums.get(result.frames - 1)
     print(f"[{args.player}] done: {result.frames} frames, final checksum "
           f"{'-' if final is None else format(final, '016x')}, inputs sent {result.inputs_sent}, "
-          f"missing from their frame {result.inputs_missing}, desyncs {len(result.desyncs)}")
+          f"missing from their frame {result.inputs_missing}, input delay {result.input_delay} "
+          f"(advised {result.advised_input_delay}), desyncs {len(result.desyncs)}")
     if result.error:
         print(f"[{args.player}] error: {result.error}", file=sys.stderr)
     return 0 if result.error is None and not result.desyncs else 1

@@ -1,14 +1,24 @@
 """The asyncio client SDK: connect to a relay, join a room, send inputs, receive frames in order.
 
-    client = await RelayClient.connect("127.0.0.1", 7777, room="lobby-1", player="alice")
-    client.send_input(frame=client.next_input_frame, payload=b"\\x01\\x00")
+    client = await RelayClient.connect("127.0.0.1", 7777, room="lobby-1", player="alice",
+                                       auto_input_delay=True)
+    await client.wait_for_state("running")
+    client.send_next_input(b"\\x01\\x00")     # for frames S .. S + input_delay - 1
     async for frame in client.frames():        # every frame once, in order, from frame 0
         simulate(frame.inputs)
         client.report_checksum(frame.number, state_hash())
+        client.send_next_input(read_controls())  # for frame.number + input_delay
 
 Frames come live on the STREAM channel; a late joiner's (or a reconnecting or lagging client's)
 missing frames come as one block. The SDK merges both by frame number, so ``frames()`` yields
-each frame exactly once with no gap, whatever the mix.
+each frame exactly once with no gap, whatever the mix. Frames are kept as received and decoded
+when yielded, in order, since a compact FRAME may repeat the previous frame's inputs by
+reference.
+
+Input delay: ``send_next_input`` sends for the frame ``input_delay`` frames after the last one
+yielded. The relay advises a delay from how long this player's inputs take to arrive
+(``advised_input_delay``); with ``auto_input_delay=True`` the SDK adopts it, without ever giving
+one frame two inputs or leaving a frame without one (a raise fills the frames it skips over).
 """
 from __future__ import annotations
 
@@ -18,7 +28,9 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Optional
 
 from relay import protocol
-from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Join, ProtocolError, Welcome
+from relay.protocol import (
+    CONTROL, STREAM, Checksum, Frame, FrameDecoder, Input, Join, ProtocolError, Welcome,
+)
 from relay.transport import EndpointDriver, open_driver
 from relay_core import (
     BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected, PeerDisconnected,
@@ -54,9 +66,21 @@ def client_config(ack_delay: float = 1 / 30, **overrides) -> EndpointConfig:
                           **overrides)
 
 
+@dataclass
+class InputDelayAdvice:
+    frames: int
+    """The advised input delay."""
+    response_ms: int
+    """The relay's measure of this player's input response time (percentile plus margin)."""
+    late: int
+    """Of the last ``inputs`` inputs, how many arrived after their frame had closed."""
+    inputs: int
+
+
 class RelayClient:
     def __init__(self, host: str, port: int, room: str, player: str, spectator: bool = False,
-                 config: Optional[EndpointConfig] = None):
+                 config: Optional[EndpointConfig] = None, input_delay: int = 2,
+                 auto_input_delay: bool = False):
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         self.server_address = address[:2]
         self.room = room
@@ -73,7 +97,18 @@ class RelayClient:
         self.notices: list[list] = []
         self.next_frame = 0
         """Number of the next frame frames() will yield; everything before it was yielded."""
-        self._buffer: dict[int, Frame] = {}
+        if input_delay < 1:
+            raise ValueError(f"input_delay={input_delay!r}: at least 1 frame")
+        self.input_delay = input_delay
+        """Frames between the last frame yielded and the frame send_next_input() is for."""
+        self.auto_input_delay = auto_input_delay
+        """Adopt the relay's advice (``advised_input_delay``) at each send_next_input()."""
+        self.input_delay_advice: Optional[InputDelayAdvice] = None
+        """The relay's latest INPUT_DELAY message, if any."""
+        self.last_input_frame = -1
+        """Highest frame an input was sent for."""
+        self._buffer: dict[int, bytes] = {}
+        self._decoder = FrameDecoder()
         self._ready = asyncio.Event()
         self._frame_ready = asyncio.Event()
         self._state_changed = asyncio.Event()
@@ -89,9 +124,11 @@ class RelayClient:
 
     @classmethod
     async def connect(cls, host: str, port: int, room: str, player: str, spectator: bool = False,
-                      timeout: float = 5.0, config: Optional[EndpointConfig] = None) -> "RelayClient":
+                      timeout: float = 5.0, config: Optional[EndpointConfig] = None,
+                      input_delay: int = 2, auto_input_delay: bool = False) -> "RelayClient":
         """Connect and join; returns once the relay has welcomed us (raises RelayError if not)."""
-        client = cls(host, port, room, player, spectator, config)
+        client = cls(host, port, room, player, spectator, config, input_delay=input_delay,
+                     auto_input_delay=auto_input_delay)
         await client._open(timeout)
         return client
 
@@ -162,6 +199,32 @@ class RelayClient:
             return False
         sent = self.endpoint.send(self.peer_id, STREAM, Input(frame, payload, self.have).encode())
         self.driver.request_flush()
+        if sent:
+            self.last_input_frame = max(self.last_input_frame, frame)
+        return sent
+
+    @property
+    def advised_input_delay(self) -> Optional[int]:
+        """The input delay the relay advises for this player's link, frames (None: not yet)."""
+        return self.input_delay_advice.frames if self.input_delay_advice else None
+
+    def send_next_input(self, payload: bytes) -> list[int]:
+        """Send ``payload`` as the input for frame (last frame yielded + ``input_delay``);
+        returns the frames it was sent for. Every frame gets exactly one input from here:
+        after a rise of the delay (or at the start of play) the payload also goes to the frames
+        between the last one sent and the new target; after a fall, calls send nothing ([])
+        until the target passes the last frame sent."""
+        if self.auto_input_delay and self.advised_input_delay is not None:
+            self.input_delay = self.advised_input_delay
+        # The frames before the first live one are history: closed, no input can reach them.
+        live_from = self.welcome.next_frame if self.welcome is not None else 0
+        base = max(self.next_frame, live_from) - 1
+        target = base + self.input_delay
+        sent = []
+        for frame in range(max(self.last_input_frame + 1, base + 1), target + 1):
+            if not self.send_input(frame, payload):
+                break
+            sent.append(frame)
         return sent
 
     def report_checksum(self, frame: int, value: int) -> None:
@@ -191,8 +254,14 @@ class RelayClient:
     async def next_frame_or_none(self, timeout: Optional[float] = None) -> Optional[Frame]:
         """The next frame in order; None when the room has ended or the connection is gone."""
         while True:
-            frame = self._buffer.pop(self.next_frame, None)
-            if frame is not None:
+            data = self._buffer.pop(self.next_frame, None)
+            if data is not None:
+                try:
+                    frame = self._decoder.decode(data)
+                except ProtocolError as error:
+                    # Frames refer to their predecessor: nothing after this one can be decoded.
+                    self._error = RelayError("bad_frame", str(error))
+                    return None
                 self.next_frame += 1
                 return frame
             if self.room_state == "ended" and (self.final_frames is None
@@ -243,13 +312,17 @@ class RelayClient:
                 pass
 
     def _on_message(self, channel: int, payload: bytes) -> None:
+        if payload[:1] == b"\xc1":
+            try:
+                self._store(protocol.frame_number(payload), payload)
+            except ProtocolError:
+                pass
+            return
         try:
             message = protocol.decode_relay_message(payload)
         except ProtocolError:
             return
-        if isinstance(message, Frame):
-            self._store(message)
-        elif isinstance(message, Welcome):
+        if isinstance(message, Welcome):
             self.welcome = message
             self.room_state = message.state
             # A live frame may have arrived before anything else; history covers the rest.
@@ -272,6 +345,10 @@ class RelayClient:
             self.desyncs.append(message[1:])
         elif message[0] == protocol.NOTICE:
             self.notices.append(message[1:])
+        elif message[0] == protocol.INPUT_DELAY and len(message) >= 5:
+            frames, response_ms, late, inputs = message[1:5]
+            if isinstance(frames, int) and frames >= 1:
+                self.input_delay_advice = InputDelayAdvice(frames, response_ms, late, inputs)
 
     def _on_history(self, block: bytes) -> None:
         try:
@@ -280,22 +357,16 @@ class RelayClient:
             return
         self._blocks += 1
         for number, data in enumerate(frames, start=first):
-            if number >= self.next_frame and number not in self._buffer:
-                try:
-                    frame = protocol.decode_relay_message(data)
-                except ProtocolError:
-                    continue
-                self._store(frame)
-            else:
-                self._duplicates += 1
+            if isinstance(data, bytes):
+                self._store(number, data)
 
-    def _store(self, frame: Frame) -> None:
-        if frame.number < self.next_frame or frame.number in self._buffer:
+    def _store(self, number: int, data: bytes) -> None:
+        if number < self.next_frame or number in self._buffer:
             self._duplicates += 1
             return
-        self._buffer[frame.number] = frame
+        self._buffer[number] = data
         self._frames_received += 1
-        if frame.number == self.next_frame:
+        if number == self.next_frame:
             self._frame_ready.set()
 
 
@@ -303,7 +374,4 @@ def replay_frames(path) -> "Iterator[Frame]":
     """Iterate a replay file's frames in order, decoded exactly as a live client sees them."""
     from relay.replay import ReplayReader
 
-    for _number, data in ReplayReader(path).frames():
-        message = protocol.decode_relay_message(data)
-        if isinstance(message, Frame):
-            yield message
+    yield from ReplayReader(path).decoded_frames()

@@ -1,10 +1,16 @@
 """The relay's application protocol: messages between game clients and the relay.
 
-Every message is one msgpack array whose first element is the message type. Messages travel on
-two relay_core channels (both ends configure them identically, see ``endpoint_channels``):
+Every message is one msgpack array whose first element is the message type, except FRAME: a
+compact binary layout (``encode_frame``) that starts with the byte 0xC1, which msgpack never
+uses, so the first byte tells the two apart. Messages travel on two relay_core channels (both
+ends configure them identically, see ``endpoint_channels``):
 
-    CONTROL (0, reliable_ordered)  JOIN, READY, CHECKSUM, LEAVE / WELCOME, REFUSED, ROOM_STATE, DESYNC, NOTICE
+    CONTROL (0, reliable_ordered)  JOIN, READY, CHECKSUM, LEAVE / WELCOME, REFUSED, ROOM_STATE,
+                                   DESYNC, NOTICE, INPUT_DELAY
     STREAM  (1, redundant)         INPUT (client -> relay) / FRAME (relay -> client)
+
+A FRAME may say "same input as in the previous frame" for a slot instead of repeating the bytes,
+so frames are decoded in order (``FrameDecoder``); every client receives every frame from 0.
 
 A late joiner's or lagging client's missing frames come as one relay_core block holding
 ``zlib(msgpack([first_frame, [frame_message, ...]]))`` where each frame_message is the exact
@@ -35,7 +41,12 @@ REFUSED = 21
 ROOM_STATE = 22
 DESYNC = 23
 NOTICE = 24
+INPUT_DELAY = 25
 FRAME = 30
+"""The FRAME message type as named in events and docs; on the wire a frame starts with
+FRAME_MARKER (compact layout, docs/RELAY_PROTOCOL.md section 7.1), not with this number."""
+FRAME_MARKER = 0xC1
+FRAME_VERSION = 2
 
 MAX_NAME_LENGTH = 64
 FRAME_NUMBER_LIMIT = 2**32          # frame numbers are u32
@@ -187,23 +198,212 @@ class Frame:
     events: list = field(default_factory=list)
     """Membership changes that take effect in this frame: [kind, slot, player] with kind one of
     join, leave, timeout, reconnect."""
+    synthesized: list = field(default_factory=list)
+    """Slots (ascending) whose input the relay made up because the player's did not arrive
+    before the frame closed (``rooms.missing_input_policy``); their ``inputs`` entry holds it."""
 
-    def encode(self) -> bytes:
-        return pack(FRAME, self.number, self.inputs, self.events)
+    def encode(self, previous: Optional[list] = None) -> bytes:
+        """The compact FRAME message; ``previous`` is the previous frame's ``inputs`` (None: no
+        "same as previous" references, a frame any decoder can read on its own)."""
+        return encode_frame(self, previous)
 
 
-def decode_relay_message(data: bytes):
-    """Parse a relay message (for clients): Welcome, Frame, or a list for the others."""
+# -- compact frames ---------------------------------------------------------------------------
+#
+# C1 | number varint | flags u8 | slots varint | present bitmap | [same bitmap] | [synth bitmap]
+#    | payloads (varint length + bytes, per present slot not marked same) | [events]
+# Bitmaps are ceil(slots / 8) bytes, slot i is bit (i % 8) of byte i // 8. Specified byte for
+# byte in docs/RELAY_PROTOCOL.md section 7.1.
+
+FLAG_SAME = 0x01
+FLAG_SYNTHESIZED = 0x02
+FLAG_EVENTS = 0x04
+_KNOWN_FLAGS = FLAG_SAME | FLAG_SYNTHESIZED | FLAG_EVENTS
+EVENT_KINDS = ("join", "leave", "timeout", "reconnect")
+_EVENT_CODES = {kind: code for code, kind in enumerate(EVENT_KINDS)}
+MAX_SLOTS = 256
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _get_varint(data: bytes, pos: int, limit: int = FRAME_NUMBER_LIMIT) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ProtocolError("malformed", "FRAME ends inside a varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 28:
+            raise ProtocolError("malformed", "FRAME varint longer than 5 bytes")
+    if value >= limit:
+        raise ProtocolError("malformed", f"FRAME value {value} out of range (< {limit})")
+    return value, pos
+
+
+def encode_frame(frame: Frame, previous: Optional[list] = None) -> bytes:
+    inputs = frame.inputs
+    count = len(inputs)
+    width = (count + 7) >> 3
+    present = bytearray(width)
+    same = bytearray(width)
+    synthesized = bytearray(width)
+    payloads = bytearray()
+    previous = previous or ()
+    for slot, payload in enumerate(inputs):
+        if payload is None:
+            continue
+        bit = 1 << (slot & 7)
+        present[slot >> 3] |= bit
+        if slot < len(previous) and previous[slot] == payload:
+            same[slot >> 3] |= bit
+        else:
+            _put_varint(payloads, len(payload))
+            payloads += payload
+    for slot in frame.synthesized:
+        if not 0 <= slot < count or inputs[slot] is None:
+            raise ValueError(f"synthesized slot {slot} has no input in frame {frame.number}")
+        synthesized[slot >> 3] |= 1 << (slot & 7)
+    flags = ((FLAG_SAME if any(same) else 0) | (FLAG_SYNTHESIZED if frame.synthesized else 0)
+             | (FLAG_EVENTS if frame.events else 0))
+    out = bytearray((FRAME_MARKER,))
+    _put_varint(out, frame.number)
+    out.append(flags)
+    _put_varint(out, count)
+    out += present
+    if flags & FLAG_SAME:
+        out += same
+    if flags & FLAG_SYNTHESIZED:
+        out += synthesized
+    out += payloads
+    if frame.events:
+        _put_varint(out, len(frame.events))
+        for kind, slot, player in frame.events:
+            name = player.encode()
+            out.append(_EVENT_CODES[kind])
+            _put_varint(out, slot)
+            _put_varint(out, len(name))
+            out += name
+    return bytes(out)
+
+
+def frame_number(data: bytes) -> int:
+    """The number of a FRAME message without decoding the rest (ProtocolError if not a FRAME)."""
+    if not data or data[0] != FRAME_MARKER:
+        raise ProtocolError("malformed", "not a FRAME message")
+    return _get_varint(data, 1)[0]
+
+
+def _bits(data: bytes, pos: int, width: int, count: int) -> tuple[list[int], int]:
+    if pos + width > len(data):
+        raise ProtocolError("malformed", "FRAME ends inside a bitmap")
+    slots = [slot for slot in range(count) if data[pos + (slot >> 3)] >> (slot & 7) & 1]
+    if count & 7 and data[pos + width - 1] >> (count & 7):
+        raise ProtocolError("malformed", "FRAME bitmap has bits past the last slot")
+    return slots, pos + width
+
+
+def decode_frame(data: bytes, previous: Optional[list] = None) -> Frame:
+    """Decode a compact FRAME; ``previous`` is the previous frame's decoded ``inputs`` (needed
+    only if the frame refers to it: ProtocolError "needs_previous" otherwise)."""
+    number = frame_number(data)
+    _, pos = _get_varint(data, 1)
+    if pos >= len(data):
+        raise ProtocolError("malformed", "FRAME ends before its flags")
+    flags = data[pos]
+    if flags & ~_KNOWN_FLAGS:
+        raise ProtocolError("malformed", f"FRAME flags {flags:#04x} has unknown bits")
+    count, pos = _get_varint(data, pos + 1, MAX_SLOTS + 1)
+    width = (count + 7) >> 3
+    present, pos = _bits(data, pos, width, count)
+    same: list[int] = []
+    synthesized: list[int] = []
+    if flags & FLAG_SAME:
+        same, pos = _bits(data, pos, width, count)
+    if flags & FLAG_SYNTHESIZED:
+        synthesized, pos = _bits(data, pos, width, count)
+    present_set = set(present)
+    if not present_set.issuperset(same) or not present_set.issuperset(synthesized):
+        raise ProtocolError("malformed", "FRAME marks a slot same/synthesized that has no input")
+    inputs: list = [None] * count
+    same_set = set(same)
+    for slot in present:
+        if slot in same_set:
+            if previous is None:
+                raise ProtocolError("needs_previous", f"FRAME {number} repeats inputs of frame "
+                                                      f"{number - 1}; decode frames in order")
+            if slot >= len(previous) or previous[slot] is None:
+                raise ProtocolError("malformed", f"FRAME {number} repeats slot {slot}'s input, "
+                                                 f"which the previous frame does not have")
+            inputs[slot] = previous[slot]
+            continue
+        length, pos = _get_varint(data, pos, 1 << 20)
+        if pos + length > len(data):
+            raise ProtocolError("malformed", "FRAME ends inside an input")
+        inputs[slot] = data[pos:pos + length]
+        pos += length
+    events = []
+    if flags & FLAG_EVENTS:
+        event_count, pos = _get_varint(data, pos, len(data) + 1)
+        for _ in range(event_count):
+            if pos >= len(data) or data[pos] >= len(EVENT_KINDS):
+                raise ProtocolError("malformed", "FRAME event kind missing or unknown")
+            kind = EVENT_KINDS[data[pos]]
+            slot, pos = _get_varint(data, pos + 1, MAX_SLOTS)
+            length, pos = _get_varint(data, pos, MAX_NAME_LENGTH * 4 + 1)
+            if pos + length > len(data):
+                raise ProtocolError("malformed", "FRAME ends inside an event")
+            try:
+                player = data[pos:pos + length].decode()
+            except UnicodeDecodeError:
+                raise ProtocolError("malformed", "FRAME event player is not UTF-8") from None
+            pos += length
+            events.append([kind, slot, player])
+    if pos != len(data):
+        raise ProtocolError("malformed", f"FRAME has {len(data) - pos} bytes past its end")
+    return Frame(number, inputs, events, synthesized)
+
+
+class FrameDecoder:
+    """Decodes one room's frames in order, keeping the previous frame's inputs for the "same as
+    previous" references. Feed it every frame from ``next_number`` on (0 for a new client)."""
+
+    def __init__(self, next_number: int = 0, previous: Optional[list] = None):
+        self.next_number = next_number
+        self.previous: list = list(previous) if previous is not None else []
+
+    def decode(self, data: bytes) -> Frame:
+        number = frame_number(data)
+        if number != self.next_number:
+            raise ProtocolError("out_of_order", f"FRAME {number} while expecting frame "
+                                                f"{self.next_number}")
+        frame = decode_frame(data, self.previous)
+        self.previous = frame.inputs
+        self.next_number = number + 1
+        return frame
+
+
+def decode_relay_message(data: bytes, previous: Optional[list] = None):
+    """Parse a relay message (for clients): Welcome, Frame, or a list for the others. A FRAME
+    that refers to the previous frame's inputs needs them as ``previous`` (or use FrameDecoder)."""
+    if data[:1] == b"\xc1":
+        return decode_frame(data, previous)
     message = unpack(data)
     kind = message[0]
     try:
-        if kind == FRAME:
-            return Frame(_frame_number(message[1]), list(message[2]), list(message[3]))
         if kind == WELCOME:
             body = message[1]
             return Welcome(body["room"], body["player"], body["slot"], body["tick_rate"],
                            body["state"], body["next_frame"], body["history"], body["spectator"])
-        if kind in (REFUSED, ROOM_STATE, DESYNC, NOTICE):
+        if kind in (REFUSED, ROOM_STATE, DESYNC, NOTICE, INPUT_DELAY):
             return message
     except (IndexError, KeyError, TypeError):
         raise ProtocolError("malformed", f"relay message type {kind} is malformed") from None
@@ -218,8 +418,13 @@ def room_state(state: str, frame: int, reason: Optional[str] = None) -> bytes:
     return pack(ROOM_STATE, state, frame, reason)
 
 
-def desync(frame: int, checksums: dict[str, int], minority: list[str]) -> bytes:
-    return pack(DESYNC, frame, checksums, minority)
+def desync(frame: int, checksums: dict[str, int], minority: list[str], verdict: str,
+           groups: list[list[str]]) -> bytes:
+    return pack(DESYNC, frame, checksums, minority, verdict, groups)
+
+
+def input_delay(frames: int, response_ms: int, late: int, samples: int) -> bytes:
+    return pack(INPUT_DELAY, frames, response_ms, late, samples)
 
 
 def notice(code: str, text: str) -> bytes:

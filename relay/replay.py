@@ -5,12 +5,12 @@ per match; ``ReplayReader`` reads it back, streaming; ``summarize`` / ``relay re
 report what a file holds. Only msgpack and zlib are used, so a replay is easy to read from any
 language.
 
-File format (version 1)
+File format (version 2)
 =======================
 
 A replay file is::
 
-    magic     the 10 bytes b"RLREPLAY1\\n" (hex 52 4C 52 45 50 4C 41 59 31 0A); the digit before the
+    magic     the 10 bytes b"RLREPLAY2\\n" (hex 52 4C 52 45 50 4C 41 59 32 0A); the digit before the
               newline is the format version
     stream    from offset 10 to the end of the file: exactly one zlib stream (RFC 1950: 2-byte
               zlib header, raw DEFLATE data (RFC 1951), 4-byte big-endian Adler-32 of the
@@ -22,14 +22,19 @@ prefixes or separators: decode one msgpack object after another until the data e
 record is a msgpack map with string keys; strings use the msgpack str family (UTF-8), binary data
 the bin family (``use_bin_type=True``). The key ``"t"`` names the record type:
 
-    header  {"t": "header", "version": 1, "room": str, "tick_rate": int (frames per second),
+    header  {"t": "header", "version": 2, "room": str, "tick_rate": int (frames per second),
              "started_at": float (unix time, seconds), "players": [str or nil, ...] (player name
              by slot when the match started), "relay_version": str}
             Always the first record, exactly once.
     frame   {"t": "frame", "n": int, "data": bin}
-            ``data`` is the exact FRAME message the relay sent to clients: the msgpack array
-            ``[30, frame_number, inputs, events]`` (see relay.protocol / docs). ``n`` equals the
-            frame number; frame records are consecutive, starting at 0.
+            ``data`` is the exact FRAME message the relay sent to clients: the compact layout of
+            docs/RELAY_PROTOCOL.md section 7.1 (first byte C1), which may refer to the previous
+            frame's inputs, so decode frames in order (``relay.protocol.FrameDecoder``). ``n``
+            equals the frame number; frame records are consecutive, starting at 0.
+    checksum {"t": "checksum", "n": int (the frame), "slot": int, "player": str, "value": int}
+            A player's CHECKSUM as the relay kept it (the first per slot and frame, within
+            ``rooms.checksum_window``), written when it arrives; ``value`` is the 64-bit
+            integer the client sent. ``relay replay desync`` builds checksum histories from them.
     event   {"t": "event", "n": int (the frame it happened at), "kind": str, "detail": map}
             Things worth keeping next to the frames: "desync" (detail: frame, checksums by
             player, minority), admin actions, and "truncated" (see below).
@@ -39,6 +44,10 @@ the bin family (``use_bin_type=True``). The key ``"t"`` names the record type:
 
 Readers must ignore map keys they do not know and skip records whose ``"t"`` they do not know
 (later versions may add both without changing the magic).
+
+Version 1 differs only in its magic (``RLREPLAY1``), header version 1, frame data in the older
+msgpack FRAME layout ``[30, number, inputs, events]``, and no checksum records; this module
+reads both versions.
 
 Sync points and crashes. The writer makes a zlib ``Z_SYNC_FLUSH`` after the header, after every
 ``sync_every`` frames, after each event and on ``flush()``. A sync flush ends the current DEFLATE
@@ -72,11 +81,12 @@ from typing import Any, Iterator, Optional
 
 import msgpack
 
-from relay.protocol import Frame, ProtocolError, decode_relay_message
+from relay.protocol import Frame, FrameDecoder, ProtocolError
 
-MAGIC = b"RLREPLAY1\n"
+MAGIC = b"RLREPLAY2\n"
 MAGIC_PREFIX = b"RLREPLAY"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = {b"RLREPLAY1\n": 1, MAGIC: 2}
 
 MAX_REASON_BYTES = 64
 """End reasons are cut to this many bytes of UTF-8 (keeps the closing records' size bounded)."""
@@ -246,6 +256,23 @@ class ReplayWriter:
         self._feed(record)
         self.flush()
 
+    def append_checksum(self, frame: int, slot: int, player: str, value: int) -> None:
+        """Record a player's checksum for ``frame`` (synced with the frames, not at once)."""
+        self._check_open()
+        if not isinstance(frame, int) or isinstance(frame, bool) or frame < 0:
+            raise ValueError(f"checksum frame must be a non-negative int, not {frame!r}")
+        if not isinstance(value, int) or not -2**63 <= value < 2**64:
+            raise ValueError(f"checksum value must be a 64-bit integer, not {value!r}")
+        if self._truncated:
+            self.dropped_events += 1
+            return
+        record = self._record({"t": "checksum", "n": frame, "slot": slot, "player": player,
+                               "value": value})
+        if not self._make_room(len(record)):
+            self.dropped_events += 1
+            return
+        self._feed(record)
+
     def flush(self) -> None:
         """Make everything appended so far readable from the file: a zlib sync flush and a flush
         of the file object (to the OS; no fsync). Done automatically every ``sync_every``
@@ -362,6 +389,7 @@ class _Pass:
     def __init__(self) -> None:
         self.header: Optional[dict] = None
         self.events: list[dict] = []
+        self.checksums: list[dict] = []
         self.end: Optional[dict] = None
         self.frames = 0
         self.raw_bytes = 0
@@ -379,15 +407,16 @@ def _open(path: str):
         raise ReplayError(f"{path}: cannot open: {error.strerror or error}") from None
 
 
-def _check_magic(path: str, magic: bytes) -> None:
-    if magic == MAGIC:
-        return
+def _check_magic(path: str, magic: bytes) -> int:
+    """The format version the magic names (ReplayError if it is not one this module reads)."""
+    if magic in READABLE_VERSIONS:
+        return READABLE_VERSIONS[magic]
     if not magic:
         raise ReplayError(f"{path}: empty file, not a replay")
     if magic.startswith(MAGIC_PREFIX) and len(magic) == len(MAGIC) and magic.endswith(b"\n"):
         version = magic[len(MAGIC_PREFIX):-1].decode("ascii", "replace")
         raise ReplayError(f"{path}: replay format version {version} is not supported "
-                          f"(this relay reads version {FORMAT_VERSION})")
+                          f"(this relay reads versions 1 and {FORMAT_VERSION})")
     if MAGIC.startswith(magic):
         raise ReplayError(f"{path}: truncated replay file ({len(magic)} bytes, no header)")
     raise ReplayError(f"{path}: not a relay replay file (it starts with {magic[:10]!r}, "
@@ -488,7 +517,7 @@ class ReplayReader:
         self.path = os.fspath(path)
         state = _Pass()
         with _open(self.path) as file:
-            _check_magic(self.path, file.read(len(MAGIC)))
+            self.version = _check_magic(self.path, file.read(len(MAGIC)))
             records = _read_records(file, state)
             try:
                 first = next(records, None)
@@ -506,9 +535,9 @@ class ReplayReader:
         if not isinstance(record, dict) or record.get("t") != "header":
             raise ReplayError(f"{self.path}: corrupt replay: the first record is not a header")
         version = record.get("version")
-        if version != FORMAT_VERSION:
-            raise ReplayError(f"{self.path}: replay header version {version!r} is not supported "
-                              f"(this relay reads version {FORMAT_VERSION})")
+        if version != self.version:
+            raise ReplayError(f"{self.path}: replay header version {version!r} does not match "
+                              f"the file's magic (version {self.version})")
         expected = {"room": str, "tick_rate": int, "players": list, "started_at": (int, float),
                     "relay_version": str}
         for key, kind in expected.items():
@@ -546,6 +575,12 @@ class ReplayReader:
                         state.problem = f"corrupt event record {_describe_position(state)}"
                         return
                     state.events.append(record)
+                elif kind == "checksum":
+                    if not (isinstance(record.get("n"), int) and isinstance(record.get("value"), int)
+                            and isinstance(record.get("player"), str)):
+                        state.problem = f"corrupt checksum record {_describe_position(state)}"
+                        return
+                    state.checksums.append(record)
                 elif kind == "end":
                     state.end = record
                 elif not isinstance(kind, str):
@@ -572,6 +607,17 @@ class ReplayReader:
     def events(self) -> list[dict]:
         """The event records (maps with "t", "n", "kind", "detail"), in file order."""
         return list(self._scanned().events)
+
+    def checksums(self) -> list[dict]:
+        """The checksum records (maps with "t", "n", "slot", "player", "value"), in file order."""
+        return list(self._scanned().checksums)
+
+    def decoded_frames(self) -> Iterator[Frame]:
+        """The frames decoded in order, as a live client sees them; stops at the first frame
+        that does not decode (ProtocolError)."""
+        decode = FrameDecoder().decode if self.version >= 2 else _decode_v1_frame
+        for _number, data in self.frames():
+            yield decode(data)
 
     @property
     def end(self) -> Optional[dict]:
@@ -603,6 +649,17 @@ class ReplayReader:
         return self._scanned().raw_bytes
 
 
+def _decode_v1_frame(data: bytes) -> Frame:
+    """A version-1 replay's frame: the msgpack FRAME ``[30, number, inputs, events]``."""
+    try:
+        kind, number, inputs, events = msgpack.unpackb(data, raw=False)[:4]
+    except Exception as error:   # msgpack raises several unrelated types for bad input
+        raise ProtocolError("malformed", f"bad version-1 frame: {error}") from None
+    if kind != 30 or not isinstance(number, int) or not isinstance(inputs, list):
+        raise ProtocolError("malformed", "bad version-1 frame")
+    return Frame(number, inputs, list(events))
+
+
 # -- summaries and the command line -----------------------------------------------------------
 
 def summarize(path) -> dict:
@@ -618,17 +675,25 @@ def summarize(path) -> dict:
     frames = 0
     first = last = None
     bad_frames = 0
+    decoder = FrameDecoder()
+    synthesized: Counter = Counter()
     for number, data in reader.frames():
         frames += 1
         if first is None:
             first = number
         last = number
         try:
-            frame = decode_relay_message(data)
+            if reader.version >= 2:
+                # A frame that does not decode breaks the chain of "same as previous"
+                # references: decode the next ones relative to what is known.
+                decoder.next_number = number
+                frame = decoder.decode(data)
+            else:
+                frame = _decode_v1_frame(data)
         except ProtocolError:
             bad_frames += 1
             continue
-        if not isinstance(frame, Frame) or frame.number != number:
+        if frame.number != number:
             bad_frames += 1
             continue
         if len(frame.inputs) > len(inputs):
@@ -636,6 +701,8 @@ def summarize(path) -> dict:
         for slot, value in enumerate(frame.inputs):
             if value is not None:
                 inputs[slot] += 1
+        for slot in frame.synthesized:
+            synthesized[slot] += 1
         for event in frame.events:
             if isinstance(event, list) and event and isinstance(event[0], str):
                 membership[event[0]] += 1
@@ -648,7 +715,7 @@ def summarize(path) -> dict:
     for slot in range(slots):
         name = players[slot] if slot < len(players) else None
         per_slot.append({"slot": slot, "player": name if name is not None else joined.get(slot),
-                         "inputs": inputs[slot]})
+                         "inputs": inputs[slot], "synthesized": synthesized[slot]})
     events = Counter(event["kind"] for event in reader.events())
     end = reader.end
     file_bytes = os.path.getsize(path)
@@ -673,6 +740,7 @@ def summarize(path) -> dict:
         "events": dict(sorted(events.items())),
         "membership": dict(sorted(membership.items())),
         "inputs_per_player": per_slot,
+        "checksums": len(reader.checksums()),
         "bad_frames": bad_frames,
         "file_bytes": file_bytes,
         "raw_bytes": reader.raw_bytes,
@@ -742,6 +810,135 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- desync bundles ---------------------------------------------------------------------------
+
+BUNDLE_FORMAT = "relay-desync-bundle"
+BUNDLE_VERSION = 1
+
+
+def desync_bundle(path, frame: int, radius: int = 30, from_start: bool = False) -> dict:
+    """What a game team needs to reproduce a divergence at ``frame``: the decoded frames
+    ``frame - radius .. frame + radius`` (from 0 with ``from_start``), every player's checksum
+    history, the verdict at ``frame`` and at the first diverging frame, and the desync events.
+    Inputs are bytes; ``bundle_json`` turns them into hex. Raises ReplayError for a missing or
+    unreadable file or a frame the file does not hold."""
+    from relay.room import desync_verdict
+
+    if not isinstance(frame, int) or frame < 0:
+        raise ValueError(f"frame must be a non-negative integer, not {frame!r}")
+    if not isinstance(radius, int) or radius < 0:
+        raise ValueError(f"radius must be a non-negative integer, not {radius!r}")
+    reader = ReplayReader(path)
+    first = 0 if from_start else max(0, frame - radius)
+    last = frame + radius
+    frames = []
+    previous_inputs: list = []
+    held = 0
+    try:
+        for decoded in reader.decoded_frames():
+            held = decoded.number + 1
+            if decoded.number == first - 1:
+                previous_inputs = decoded.inputs
+            if decoded.number > last:
+                break
+            if decoded.number >= first:
+                frames.append({"n": decoded.number, "inputs": decoded.inputs,
+                               "synthesized": decoded.synthesized, "events": decoded.events})
+    except ProtocolError as error:
+        raise ReplayError(f"{reader.path}: frame {held} does not decode: {error}") from None
+    if frame >= held:
+        raise ReplayError(f"{reader.path}: frame {frame} is not in the replay (it holds frames "
+                          f"0..{held - 1})" if held else f"{reader.path}: the replay holds no frames")
+    history: dict[str, list[list[int]]] = {}
+    by_frame: dict[int, dict[str, int]] = {}
+    for record in reader.checksums():
+        history.setdefault(record["player"], []).append([record["n"], record["value"]])
+        by_frame.setdefault(record["n"], {}).setdefault(record["player"], record["value"])
+    for values in history.values():
+        values.sort()
+    diverging = sorted(n for n, values in by_frame.items() if len(set(values.values())) > 1)
+    first_diverging = diverging[0] if diverging else None
+    agreeing = [n for n, values in by_frame.items() if len(values) > 1
+                and len(set(values.values())) == 1
+                and (first_diverging is None or n < first_diverging)]
+
+    def verdict_at(number: Optional[int]) -> Optional[dict]:
+        if number is None or number not in by_frame:
+            return None
+        verdict, groups, minority = desync_verdict(by_frame[number])
+        return {"frame": number, "checksums": by_frame[number], "verdict": verdict,
+                "groups": groups, "minority": minority}
+
+    header = reader.header
+    return {
+        "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION,
+        "source": reader.path, "room": header["room"], "tick_rate": header["tick_rate"],
+        "players": header["players"], "relay_version": header["relay_version"],
+        "replay_version": reader.version, "frame": frame,
+        "first_frame": first, "last_frame": frames[-1]["n"],
+        "previous_inputs": previous_inputs,
+        "frames": frames,
+        "checksums": dict(sorted(history.items())),
+        "at_frame": verdict_at(frame),
+        "first_diverging_frame": first_diverging,
+        "last_agreeing_frame": max(agreeing) if agreeing else None,
+        "at_first_diverging_frame": verdict_at(first_diverging),
+        "desyncs": [{"n": event["n"], **event.get("detail", {})} for event in reader.events()
+                    if event["kind"] == "desync"],
+    }
+
+
+def _hex_bytes(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    if isinstance(value, list):
+        return [_hex_bytes(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _hex_bytes(item) for key, item in value.items()}
+    return value
+
+
+def bundle_json(bundle: dict) -> str:
+    """The bundle as JSON: inputs as lowercase hex strings (null for no input), map keys as
+    strings."""
+    return json.dumps(_hex_bytes(bundle), indent=1)
+
+
+def _desync(args: argparse.Namespace) -> int:
+    try:
+        bundle = desync_bundle(args.file, args.frame, args.radius, args.from_start)
+    except (ReplayError, ValueError) as error:
+        print(f"relay replay: error: {error}", file=sys.stderr)
+        return 1
+    output = args.output
+    form = args.format or ("msgpack" if output and output.endswith((".msgpack", ".mpk"))
+                           else "json")
+    data = msgpack.packb(bundle, use_bin_type=True) if form == "msgpack" else \
+        (bundle_json(bundle) + "\n").encode()
+    if output is None or output == "-":
+        if form == "msgpack":
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(data.decode())
+        return 0
+    try:
+        with open(output, "wb") as handle:
+            handle.write(data)
+    except OSError as error:
+        print(f"relay replay: error: cannot write {output}: {error.strerror or error}",
+              file=sys.stderr)
+        return 1
+    at = bundle["at_frame"]
+    first = bundle["at_first_diverging_frame"]
+    print(f"wrote {output}: frames {bundle['first_frame']}..{bundle['last_frame']}, checksums of "
+          f"{len(bundle['checksums'])} players; at frame {args.frame}: "
+          f"{at['verdict'] + ' ' + str(at['minority']) if at else 'no checksums'}; first diverging "
+          f"frame: {bundle['first_diverging_frame']}"
+          f"{' (' + first['verdict'] + ' ' + str(first['minority']) + ')' if first else ''}",
+          file=sys.stderr)
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the replay subcommands to ``parser`` (the project CLI mounts it as ``relay replay``).
     Each subcommand sets ``func``: call ``args.func(args)`` for the exit status."""
@@ -752,10 +949,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inspect.add_argument("file", metavar="FILE", help="the replay file")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.set_defaults(func=_inspect)
+    desync = sub.add_parser("desync", help="extract a desync bundle around a frame",
+                            description="Write the frames around FRAME (decoded inputs, "
+                                        "synthesized marks, events), every player's checksum "
+                                        "history and the verdict at FRAME and at the first "
+                                        "diverging frame, for reproducing a desync.")
+    desync.add_argument("file", metavar="FILE", help="the replay file")
+    desync.add_argument("--frame", type=int, required=True, metavar="N",
+                        help="the frame to centre on (e.g. the DESYNC's frame)")
+    desync.add_argument("--radius", type=int, default=30, metavar="K",
+                        help="frames before and after N to include (default 30)")
+    desync.add_argument("--from-start", action="store_true",
+                        help="include every frame from 0 (to replay the whole match up to N+K)")
+    desync.add_argument("-o", "--output", metavar="FILE",
+                        help="write here (.json, or .msgpack/.mpk for msgpack); default stdout")
+    desync.add_argument("--format", choices=("json", "msgpack"),
+                        help="override the format chosen from the file name")
+    desync.set_defaults(func=_desync)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``relay replay inspect FILE [--json]``: 0 on success, 1 for a missing or bad file."""
+    """``relay replay inspect FILE [--json]`` or ``relay replay desync FILE --frame N``: 0 on
+    success, 1 for a missing or bad file."""
     parser = argparse.ArgumentParser(prog="relay replay", description="Replay files")
     add_arguments(parser)
     args = parser.parse_args(argv)

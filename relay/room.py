@@ -7,11 +7,20 @@ so tests drive it directly.
 
 Frame N holds, for every slot, the player's input for N or None, plus the membership changes
 (join, leave, timeout, reconnect) that happened while N was open, so every client agrees on the
-frame at which they took effect. Frames are encoded once per tick and the same bytes go to
-every member, to the history (late joiners, catch-up) and to the replay.
+frame at which they took effect. A connected player whose input is missing when N closes gets
+what ``rooms.missing_input_policy`` says (nothing, its previous input, or the neutral input),
+marked synthesized: the room never waits for a slow player. Frames are encoded once per tick
+(compactly, relative to the previous frame) and the same bytes go to every member, to the
+history (late joiners, catch-up) and to the replay.
+
+The room also times every player's inputs: how long after it sent frame H (the newest frame the
+client said it holds) the input arrived. A high percentile of that, in frames, is the input
+delay the player needs for its inputs to make their frames; the room advises it (INPUT_DELAY).
 """
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -26,6 +35,13 @@ DESYNC_WAIT_FRAMES = 30
 # Frames per history block: a 30 Hz match's hour of history is ~7 blocks, each well under the
 # core's block size limit even with large inputs.
 HISTORY_BLOCK_FRAMES = 16384
+# Close times kept for timing inputs: a client whose newest frame is older than this is far
+# behind (it gets a catch-up block), and its inputs say nothing about its link.
+CLOSE_TIMES_KEPT = 512
+# Each player's input-delay advice is recomputed this often, frames (staggered by slot).
+ADVICE_EVERY_FRAMES = 15
+# Response times needed before the first advice.
+ADVICE_MIN_SAMPLES = 10
 
 
 class JoinRefused(Exception):
@@ -85,6 +101,27 @@ class Member:
     """A frame from here on could not be queued (or a block failed): repair with a block."""
     reported: bool = False
     """The client has reported progress (``have``) at least once; only then can it lag."""
+    timing: Optional["InputTiming"] = None
+    """Players only: input response times and the advice sent."""
+
+
+class InputTiming:
+    """One player's recent input response times and the input delay advised from them."""
+
+    def __init__(self, window: int):
+        self.responses: deque[float] = deque(maxlen=window)
+        """Seconds from the close of frame ``have`` to the arrival of the input carrying it."""
+        self.late: deque[bool] = deque(maxlen=window)
+        """Per recent input: it arrived after its frame had closed."""
+        self.advised: Optional[int] = None
+        self.advised_at = 0.0
+        self.response_ms = 0
+
+    def percentile(self, percent: float) -> float:
+        """Nearest-rank percentile of the response times."""
+        ordered = sorted(self.responses)
+        rank = max(1, math.ceil(percent / 100.0 * len(ordered)))
+        return ordered[rank - 1]
 
 
 class Room:
@@ -106,7 +143,15 @@ class Room:
         self.history: list[bytes] = []
         self.pending_inputs: dict[int, dict[int, bytes]] = {}
         self.pending_events: list[list] = []
+        self.last_inputs: list = []
+        """Inputs of the last closed frame: the next frame is encoded relative to them."""
+        self.neutral_input = settings.neutral_input_bytes
+        self.synthesized_inputs = 0
+        """Inputs made up by missing_input_policy, in all."""
+        self._close_times: list[Optional[tuple[int, float]]] = [None] * CLOSE_TIMES_KEPT
         self.checksums: dict[int, dict[int, int]] = {}
+        self.first_desync: Optional[int] = None
+        """The first frame at which the players' checksums diverged."""
         self.reported_desyncs: set[int] = set()
         self.pending_desyncs: dict[int, int] = {}
         """Diverging frames waiting for the remaining players' checksums: frame -> deadline."""
@@ -214,6 +259,8 @@ class Room:
         """Register the member, send WELCOME and, in a running room, the history it missed."""
         released = self._released_frames(spectator)
         member = Member(peer_id, player, slot, spectator, next_live=released)
+        if not spectator and self.settings.input_delay_advice:
+            member.timing = InputTiming(self.settings.input_delay_window)
         self.members[peer_id] = member
         self.empty_since = None
         welcome = Welcome(self.room_id, player, slot, self.tick_rate, self.state, released,
@@ -326,8 +373,9 @@ class Room:
 
     # -- inputs and checksums ---------------------------------------------------------------
 
-    def on_input(self, peer_id: int, message: Input) -> str:
-        """Buffer one input; returns the outcome: accepted, late, duplicate, or refused:<reason>."""
+    def on_input(self, peer_id: int, message: Input, now: Optional[float] = None) -> str:
+        """Buffer one input; returns the outcome: accepted, late, duplicate, or refused:<reason>.
+        ``now`` (the arrival time) times the input for the input-delay advice."""
         member = self.members.get(peer_id)
         if member is None or member.slot is None:
             return "refused:not_a_player"
@@ -335,6 +383,8 @@ class Room:
         member.reported = True
         if self.state != RUNNING:
             return "refused:not_running"
+        if now is not None and member.timing is not None:
+            self._time_input(member, message, now)
         if len(message.payload) > self.settings.max_input_bytes:
             return "refused:too_large"
         frame = message.frame
@@ -351,6 +401,52 @@ class Room:
         inputs[member.slot] = message.payload
         return outcome
 
+    def _time_input(self, member: Member, message: Input, now: float) -> None:
+        """Record how long after frame ``have`` closed this input arrived: the input was sent
+        for frame have + d when the client held frame ``have``, so d must exceed this time in
+        frames for it to be on time. Inputs sent while catching up say nothing about the link."""
+        timing = member.timing
+        timing.late.append(message.frame < self.open_frame)
+        have = message.have
+        if have < 0 or have >= self.open_frame or member.catching_up:
+            return
+        closed = self._close_times[have % CLOSE_TIMES_KEPT]
+        if closed is not None and closed[0] == have:
+            timing.responses.append(max(0.0, now - closed[1]))
+
+    def _advise_input_delay(self, member: Member, now: float) -> None:
+        timing = member.timing
+        if len(timing.responses) < ADVICE_MIN_SAMPLES:
+            return
+        settings = self.settings
+        interval = 1.0 / self.tick_rate
+        response = timing.percentile(settings.input_delay_percentile) + settings.input_delay_margin
+        needed = math.ceil(response / interval - 1e-9)
+        # Lowering waits until half a frame of slack more is there, so the advice does not
+        # flap when the response time sits near a frame boundary.
+        relaxed = math.ceil(response / interval + 0.5 - 1e-9)
+        current = timing.advised
+        if current is None or needed > current:
+            advised = needed
+        elif relaxed < current:
+            advised = relaxed
+        else:
+            advised = current
+        ceiling = min(settings.input_delay_max, settings.max_input_lead)
+        advised = max(min(settings.input_delay_min, ceiling), min(ceiling, advised))
+        changed = advised != current
+        if not changed and now - timing.advised_at < settings.input_delay_interval:
+            return
+        timing.advised, timing.advised_at = advised, now
+        timing.response_ms = round(response * 1000)
+        late = sum(timing.late)
+        self.actions.append(Action("send", member.peer_id, CONTROL, protocol.input_delay(
+            advised, timing.response_ms, late, len(timing.late))))
+        if changed:
+            self.events.append(RoomEvent("input_delay", {
+                "player": member.player, "slot": member.slot, "frames": advised,
+                "response_ms": timing.response_ms, "late": late, "inputs": len(timing.late)}))
+
     def on_checksum(self, peer_id: int, message: Checksum) -> None:
         member = self.members.get(peer_id)
         if member is None or member.slot is None or message.frame >= self.open_frame:
@@ -358,7 +454,12 @@ class Room:
         if message.frame < self.open_frame - self.settings.checksum_window:
             return
         by_slot = self.checksums.setdefault(message.frame, {})
-        by_slot.setdefault(member.slot, message.value)
+        if member.slot in by_slot:
+            return
+        by_slot[member.slot] = message.value
+        self.events.append(RoomEvent("checksum", {"frame": message.frame, "slot": member.slot,
+                                                  "player": member.player,
+                                                  "value": message.value}))
         if len(set(by_slot.values())) < 2 or message.frame in self.reported_desyncs:
             return
         # Report once every connected player has answered for the frame (so the minority is
@@ -374,19 +475,14 @@ class Room:
         if frame in self.reported_desyncs or len(set(by_slot.values())) < 2:
             return
         self.reported_desyncs.add(frame)
-        groups: dict[int, list[str]] = {}
-        for slot, value in by_slot.items():
-            groups.setdefault(value, []).append(self.slots[slot].player)
-        sizes = sorted(len(players) for players in groups.values())
-        # A minority exists only when one group is strictly the largest.
-        minority = []
-        if len(sizes) > 1 and sizes[-1] > sizes[-2]:
-            largest = max(groups.values(), key=len)
-            minority = sorted(p for players in groups.values() if players is not largest for p in players)
+        if self.first_desync is None or frame < self.first_desync:
+            self.first_desync = frame
         checksums = {self.slots[slot].player: value for slot, value in by_slot.items()}
-        self._broadcast(CONTROL, protocol.desync(frame, checksums, minority))
-        self.events.append(RoomEvent("desync", {"frame": frame, "checksums": checksums,
-                                                "minority": minority}))
+        verdict, groups, minority = desync_verdict(checksums)
+        self._broadcast(CONTROL, protocol.desync(frame, checksums, minority, verdict, groups))
+        self.events.append(RoomEvent("desync", {
+            "frame": frame, "checksums": checksums, "minority": minority, "verdict": verdict,
+            "groups": groups, "first_diverging_frame": self.first_desync}))
 
     # -- ticks ------------------------------------------------------------------------------
 
@@ -395,11 +491,12 @@ class Room:
         if self.state != RUNNING:
             return None
         number = self.open_frame
-        inputs = self.pending_inputs.pop(number, {})
-        frame = Frame(number, [inputs.get(i) for i in range(len(self.slots))], self.pending_events)
-        data = frame.encode()
+        frame = self._assemble(number)
+        data = frame.encode(self.last_inputs)
+        self.last_inputs = frame.inputs
         self.pending_events = []
         self.history.append(data)
+        self._close_times[number % CLOSE_TIMES_KEPT] = (number, now)
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
         for member in self.members.values():
@@ -412,6 +509,9 @@ class Room:
             else:
                 member.last_sent = number
                 self.actions.append(Action("send", member.peer_id, STREAM, data))
+                if (member.timing is not None
+                        and (number + member.slot) % ADVICE_EVERY_FRAMES == 0):
+                    self._advise_input_delay(member, now)
         for frame in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
             del self.pending_desyncs[frame]
             self._report_desync(frame, self.checksums.get(frame, {}))
@@ -422,6 +522,27 @@ class Room:
             self.pending_desyncs.pop(stale, None)
         self.events.append(RoomEvent("frame", {"frame": number, "data": data}))
         return data
+
+    def _assemble(self, number: int) -> Frame:
+        """Frame ``number`` from the inputs received for it; a connected player's missing input
+        is filled in by missing_input_policy and marked synthesized."""
+        received = self.pending_inputs.pop(number, {})
+        policy = self.settings.missing_input_policy
+        previous = self.last_inputs
+        inputs: list = []
+        synthesized: list[int] = []
+        for slot in self.slots:
+            value = received.get(slot.index)
+            if value is None and policy != "none" and slot.peer_id is not None:
+                if policy == "repeat":
+                    value = previous[slot.index] if slot.index < len(previous) else None
+                else:
+                    value = self.neutral_input
+                if value is not None:
+                    synthesized.append(slot.index)
+            inputs.append(value)
+        self.synthesized_inputs += len(synthesized)
+        return Frame(number, inputs, self.pending_events, synthesized)
 
     def _maybe_catch_up(self, member: Member) -> None:
         """Repair a member with one block: the frames it lacks because a send failed, or,
@@ -472,3 +593,20 @@ class Room:
     def _broadcast(self, channel: int, data: bytes) -> None:
         for peer_id in self.members:
             self.actions.append(Action("send", peer_id, channel, data))
+
+
+def desync_verdict(checksums: dict[str, int]) -> tuple[str, list[list[str]], list[str]]:
+    """Group players by checksum value. Returns (verdict, groups largest first, minority):
+    "minority" when one group is strictly larger than every other (the players outside it are
+    the minority, sorted), "undecided" when there is no such group (1 vs 1, 2 vs 2, all
+    different), "agreed" when every value is equal."""
+    by_value: dict[int, list[str]] = {}
+    for player, value in checksums.items():
+        by_value.setdefault(value, []).append(player)
+    groups = sorted((sorted(players) for players in by_value.values()),
+                    key=lambda players: (-len(players), players))
+    if len(groups) < 2:
+        return "agreed", groups, []
+    if len(groups[0]) > len(groups[1]):
+        return "minority", groups, sorted(p for group in groups[1:] for p in group)
+    return "undecided", groups, []

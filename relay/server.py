@@ -211,7 +211,7 @@ class RelayServer:
             if room is None:
                 self._refuse_input(peer_id, "not_a_player")
                 return
-            outcome = room.on_input(peer_id, message)
+            outcome = room.on_input(peer_id, message, now)
             if outcome.startswith("refused:"):
                 self._refuse_input(peer_id, outcome[8:])
             else:
@@ -375,6 +375,20 @@ class RelayServer:
                     return
                 self.metrics.replay_bytes.inc(writer.bytes_written - before)
             return
+        if event.kind == "checksum":
+            # Every player's checksum history goes into the replay (relay replay desync).
+            writer = self.replays.get(room.room_id)
+            if writer is not None:
+                try:
+                    writer.append_checksum(detail["frame"], detail["slot"], detail["player"],
+                                           detail["value"])
+                except (OSError, ValueError) as error:
+                    self.replays.pop(room.room_id, None)
+                    self.log.error("replay_write_failed", room=room.room_id, error=str(error))
+            return
+        if event.kind == "input_delay":
+            self.log.debug("input_delay_advised", room=room.room_id, **detail)
+            return
         if event.kind == "started":
             self._open_replay(room)
         elif event.kind == "ended":
@@ -385,7 +399,8 @@ class RelayServer:
             if writer is not None:
                 writer.append_event(detail["frame"], "desync", detail)
             self.log.warning("desync", room=room.room_id, frame=detail["frame"],
-                             checksums=detail["checksums"], minority=detail["minority"])
+                             checksums=detail["checksums"], minority=detail["minority"],
+                             verdict=detail["verdict"])
             return
         elif event.kind == "reconnected":
             self.metrics.joins.labels(outcome="reconnected").inc()

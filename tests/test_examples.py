@@ -132,11 +132,11 @@ def test_a_diverging_player_is_reported(tmp_path):
     assert alice.checksums[59] != bob.checksums[59]
     for result in results:
         assert result.error is None, result.error
-        desync_frames = [frame for frame, _, _ in result.desyncs]
+        desync_frames = [desync[0] for desync in result.desyncs]
         assert 59 in desync_frames and 29 not in desync_frames
-        frame, checksums, minority = result.desyncs[desync_frames.index(59)]
+        frame, checksums, minority, verdict, groups = result.desyncs[desync_frames.index(59)]
         assert checksums == {"alice": alice.checksums[59], "bob": bob.checksums[59]}
-        assert minority == []           # one against one: nobody is the minority
+        assert minority == [] and verdict == "undecided"   # one against one: nobody is the minority
     assert relay_desyncs >= 1
 
 

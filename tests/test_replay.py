@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from relay import replay
-from relay.protocol import Frame
+from relay.protocol import Frame, frame_number
 from relay.replay import MAGIC, ReplayError, ReplayReader, ReplayWriter, main, summarize
 
 
@@ -54,7 +54,7 @@ def test_frames_events_header_and_end_round_trip(tmp_path):
 
     reader = ReplayReader(path)
     assert path.read_bytes().startswith(MAGIC)
-    assert reader.header["t"] == "header" and reader.header["version"] == 1
+    assert reader.header["t"] == "header" and reader.header["version"] == 2
     assert reader.header["room"] == "lobby" and reader.header["tick_rate"] == 60
     assert reader.header["players"] == ["p0", "p1", "p2"]
     assert reader.header["relay_version"] == "9.9"
@@ -76,7 +76,7 @@ def test_the_file_is_a_magic_line_and_one_zlib_stream_of_msgpack_maps(tmp_path):
     path = tmp_path / "match.replay"
     write_replay(path, 3)
     blob = path.read_bytes()
-    assert blob[:10] == b"RLREPLAY1\n"
+    assert blob[:10] == b"RLREPLAY2\n"
     inflater = zlib.decompressobj()
     raw = inflater.decompress(blob[10:])
     assert inflater.eof and not inflater.unused_data
@@ -85,7 +85,7 @@ def test_the_file_is_a_magic_line_and_one_zlib_stream_of_msgpack_maps(tmp_path):
     records = list(unpacker)
     assert [record["t"] for record in records] == ["header", "frame", "frame", "frame", "end"]
     assert [record["data"] for record in records[1:4]] == [frame_bytes(n) for n in range(3)]
-    assert msgpack.unpackb(records[2]["data"])[:2] == [30, 1]
+    assert records[2]["data"][0] == 0xC1 and frame_number(records[2]["data"]) == 1
 
 
 def test_frames_streams_and_can_be_read_again(tmp_path):
@@ -349,7 +349,7 @@ def test_a_cap_too_small_for_the_header_keeps_just_header_and_closing_records(tm
     (b"", "empty file"),
     (b"PK\x03\x04" + bytes(100), "not a relay replay file"),
     (b"#!/bin/sh\necho hello\n", "not a relay replay file"),
-    (b"RLREPLAY2\n" + zlib.compress(b"\x80"), "version 2 is not supported"),
+    (b"RLREPLAY3\n" + zlib.compress(b"\x80"), "version 3 is not supported"),
     (b"RLREP", "truncated replay file"),
     (MAGIC, "ends before the header"),
     (MAGIC + b"\x78", "ends before the header"),
@@ -358,8 +358,10 @@ def test_a_cap_too_small_for_the_header_keeps_just_header_and_closing_records(tm
     (MAGIC + zlib.compress(msgpack.packb([1, 2, 3])), "not a header"),
     (MAGIC + zlib.compress(b"\xc1"), "corrupt record"),
     (MAGIC + zlib.compress(msgpack.packb({"t": "header", "version": 7})), "version 7"),
-    (MAGIC + zlib.compress(msgpack.packb({"t": "header", "version": 1, "room": "r"})),
+    (MAGIC + zlib.compress(msgpack.packb({"t": "header", "version": 2, "room": "r"})),
      "'tick_rate' is missing"),
+    (MAGIC + zlib.compress(msgpack.packb({"t": "header", "version": 1, "room": "r"})),
+     "does not match the file's magic"),
 ])
 def test_foreign_empty_or_corrupt_files_raise_a_clear_replay_error(tmp_path, content, message):
     path = tmp_path / "file.bin"
@@ -411,9 +413,10 @@ def test_summarize_reports_the_figures(tmp_path):
     assert (summary["first_frame"], summary["last_frame"]) == (0, 599)
     assert summary["events"] == {"desync": 2, "kick": 1}
     assert summary["membership"] == {"join": 3}
-    assert summary["inputs_per_player"] == [{"slot": 0, "player": "p0", "inputs": 600},
-                                            {"slot": 1, "player": "p1", "inputs": 600},
-                                            {"slot": 2, "player": "p2", "inputs": 300}]
+    assert summary["inputs_per_player"] == [
+        {"slot": 0, "player": "p0", "inputs": 600, "synthesized": 0},
+        {"slot": 1, "player": "p1", "inputs": 600, "synthesized": 0},
+        {"slot": 2, "player": "p2", "inputs": 300, "synthesized": 0}]
     assert summary["complete"] and summary["end_reason"] == "finished"
     assert summary["problem"] is None and not summary["truncated"]
     assert summary["file_bytes"] == os.path.getsize(path)
@@ -432,8 +435,9 @@ def test_summarize_a_crashed_file_and_late_joiners(tmp_path):
     summary = summarize(path)                          # still open: reads as a crashed file
     assert summary["frames"] == 4 and not summary["complete"]
     assert summary["end_reason"] is None and "not closed cleanly" in summary["problem"]
-    assert summary["inputs_per_player"] == [{"slot": 0, "player": "a", "inputs": 3},
-                                            {"slot": 1, "player": "late", "inputs": 1}]
+    assert summary["inputs_per_player"] == [
+        {"slot": 0, "player": "a", "inputs": 3, "synthesized": 0},
+        {"slot": 1, "player": "late", "inputs": 1, "synthesized": 0}]
     assert summary["bad_frames"] == 1
     assert "INCOMPLETE" in replay.format_summary(summary)
     w.close()

@@ -2,8 +2,8 @@
 inputs, late joins, reconnects, spectators, desync detection, catch-up and lifecycle.
 
 A Room answers with Actions; the helpers here decode them the way a client would (sends with
-``decode_relay_message``, blocks with ``decode_history``) so every assertion is about what a
-client actually receives.
+``decode_relay_message``, frames in order with ``FrameDecoder``, blocks with
+``decode_history``) so every assertion is about what a client actually receives.
 """
 from __future__ import annotations
 
@@ -67,6 +67,17 @@ class Harness:
         self.clients: dict[int, Client] = {}
         self.next_peer = 1
         self.events: list = []
+        self.decoded: list[Frame] = []
+        self.decoder = protocol.FrameDecoder()
+
+    def decode_frame(self, data: bytes) -> Frame:
+        """A FRAME as a client that holds every earlier frame decodes it (frames refer to their
+        predecessor); the bytes must be the room's history for that frame."""
+        number = protocol.frame_number(data)
+        while len(self.decoded) <= number:
+            self.decoded.append(self.decoder.decode(self.room.history[len(self.decoded)]))
+        assert self.room.history[number] == data
+        return self.decoded[number]
 
     def join(self, player: str, spectator: bool = False, now: float = 0.0,
              peer_id: int | None = None) -> Client:
@@ -82,7 +93,10 @@ class Harness:
         for action in self.room.take_actions():
             client = self.clients.setdefault(action.peer_id, Client(action.peer_id))
             if action.kind == "send":
-                message = protocol.decode_relay_message(action.data)
+                if action.channel == STREAM:
+                    message = self.decode_frame(action.data)
+                else:
+                    message = protocol.decode_relay_message(action.data)
                 if action.channel == STREAM:
                     assert isinstance(message, Frame)
                     client.frames.append(message)
@@ -311,9 +325,9 @@ def test_every_player_gets_the_same_frame_bytes_encoded_once_and_kept_in_history
     encodes = []
     original = Frame.encode
 
-    def counting_encode(self):
+    def counting_encode(self, previous=None):
         encodes.append(self.number)
-        return original(self)
+        return original(self, previous)
 
     monkeypatch.setattr(protocol.Frame, "encode", counting_encode)
     harness, clients = running(("alice", "bob", "carol"))
@@ -588,11 +602,13 @@ def test_two_players_with_different_checksums_get_one_desync_broadcast():
     harness.checksum(alice, 1, 111)
     assert alice.of_type(protocol.DESYNC) == []
     harness.checksum(bob, 1, 222)
-    expected = [protocol.DESYNC, 1, {"alice": 111, "bob": 222}, []]
+    expected = [protocol.DESYNC, 1, {"alice": 111, "bob": 222}, [], "undecided",
+                [["alice"], ["bob"]]]
     for client in (alice, bob, watcher):
         assert client.of_type(protocol.DESYNC) == [expected]
     assert [e.detail for e in harness.take_events("desync")] == [
-        {"frame": 1, "checksums": {"alice": 111, "bob": 222}, "minority": []}]
+        {"frame": 1, "checksums": {"alice": 111, "bob": 222}, "minority": [],
+         "verdict": "undecided", "groups": [["alice"], ["bob"]], "first_diverging_frame": 1}]
 
 
 def test_desync_with_three_players_names_the_odd_one_as_minority():
@@ -602,7 +618,8 @@ def test_desync_with_three_players_names_the_odd_one_as_minority():
     harness.checksum(carol, 0, 7)
     harness.checksum(bob, 0, -5)
     assert alice.of_type(protocol.DESYNC) == [
-        [protocol.DESYNC, 0, {"alice": 7, "carol": 7, "bob": -5}, ["bob"]]]
+        [protocol.DESYNC, 0, {"alice": 7, "carol": 7, "bob": -5}, ["bob"], "minority",
+         [["alice", "carol"], ["bob"]]]]
 
 
 def test_desync_names_the_odd_one_even_when_it_reports_first():
