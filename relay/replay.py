@@ -76,6 +76,7 @@ import sys
 import time
 import zlib
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
 
@@ -379,6 +380,64 @@ class ReplayWriter:
         self._feed(_pack(self._truncated_record(self._next, self.max_bytes,
                                                 self._bytes_written)))
         self.flush()
+
+
+# -- disk budget ------------------------------------------------------------------------------
+
+REPLAY_SUFFIX = ".replay"
+
+
+@dataclass
+class DiskUsage:
+    """The *.replay files of a directory after enforce_disk_cap."""
+
+    finished_bytes: int
+    """Bytes of the files no writer of ours has open."""
+    live_bytes: int
+    """Bytes the open writers have written."""
+    deleted: list = field(default_factory=list)
+    """(path, bytes) of each file deleted, oldest first."""
+
+    @property
+    def total(self) -> int:
+        return self.finished_bytes + self.live_bytes
+
+
+def enforce_disk_cap(directory, max_disk_bytes: int, live: dict) -> DiskUsage:
+    """Delete the oldest finished replays in ``directory`` (by modification time) until the
+    *.replay files fit ``max_disk_bytes``. ``live`` maps the paths of replays being written to
+    their bytes written; those are never deleted. Other files are neither counted nor touched.
+    A file that cannot be deleted is skipped (it still counts)."""
+    live = {os.path.abspath(path): size for path, size in live.items()}
+    finished = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        if not entry.name.endswith(REPLAY_SUFFIX) or os.path.abspath(entry.path) in live:
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            stat = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        finished.append((stat.st_mtime, entry.name, entry.path, stat.st_size))
+    finished.sort()
+    usage = DiskUsage(sum(item[3] for item in finished), sum(live.values()))
+    for _mtime, _name, path, size in finished:
+        if usage.total <= max_disk_bytes:
+            break
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass                    # gone already: it no longer takes room
+        except OSError:
+            continue
+        usage.finished_bytes -= size
+        usage.deleted.append((path, size))
+    return usage
 
 
 # -- reading ----------------------------------------------------------------------------------

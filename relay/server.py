@@ -9,6 +9,7 @@ module only carries out what they ask for and reports it (logs, metrics, replays
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import time
@@ -18,12 +19,12 @@ from typing import Optional
 import relay
 from relay import protocol
 from relay.agones import AgonesClient
-from relay.config import RelayConfig, RoomSettings
+from relay.config import RelayConfig, RoomSettings, is_loopback
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
 from relay.logs import get_logger
 from relay.metrics import Metrics
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Join, ProtocolError
-from relay.replay import ReplayWriter
+from relay.replay import ReplayWriter, enforce_disk_cap
 from relay.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room
 from relay.scheduler import TickScheduler
 from relay.transport import BATCHED_IO, EndpointDriver, open_batched_driver, open_driver
@@ -36,11 +37,37 @@ ROOM_OPTIONS = {"capacity", "start_policy", "start_players"}
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+LIMIT_LOG_INTERVAL = 10.0
+"""Seconds between log lines about one kind of refusal or drop at a limit (each is counted)."""
+
+
+class LimitLog:
+    """Logs a repeated event (a cap hit, a flood of refusals) at most once per interval per
+    kind, with how many happened since the last line, so a flood cannot flood the log."""
+
+    def __init__(self, log, interval: float = LIMIT_LOG_INTERVAL):
+        self.log = log
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def __call__(self, event: str, kind: str, count: int = 1, **fields) -> None:
+        self._count[kind] = self._count.get(kind, 0) + count
+        now = time.monotonic()
+        if now - self._last.get(kind, -self.interval) >= self.interval:
+            self.log.warning(event, reason=kind, count=self._count.pop(kind), **fields)
+            self._last[kind] = now
+
+
 def endpoint_config(config: RelayConfig) -> EndpointConfig:
     rooms = config.rooms
+    server = config.server
+    # max_pending is a local send-queue bound: the two ends need not agree on it.
+    channels = tuple(dataclasses.replace(channel, max_pending=server.max_pending_messages)
+                     for channel in protocol.endpoint_channels())
     return EndpointConfig(
         accept_connections=True,
-        channels=protocol.endpoint_channels(),
+        channels=channels,
         mtu=config.server.mtu,
         max_peers=config.server.max_peers,
         peer_timeout=rooms.player_timeout,
@@ -55,17 +82,22 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         received_packet_window=64,
         sent_unit_capacity=512,
         max_block_size=32 * 1024 * 1024,
-        block_memory_limit=64 * 1024 * 1024,
+        reassembly_limit=server.reassembly_limit,
+        block_memory_limit=server.block_memory_limit,
     )
 
 
 class RelayServer:
     def __init__(self, config: RelayConfig, metrics: Optional[Metrics] = None):
+        config.check_serve()        # ConfigError: token mode without keys, public admin API without token
         self.config = config
         self.settings: RoomSettings = config.rooms
         self.tick_rate = config.server.tick_rate
         self.metrics = metrics or Metrics()
         self.log = get_logger("relay.server")
+        self.limit_log = LimitLog(self.log)
+        self.security_mode = config.security_mode
+        self.metrics.security_open_mode.set(1 if self.security_mode == "open" else 0)
         self.endpoint = Endpoint(endpoint_config(config))
         self.agones = AgonesClient(config.agones)      # does nothing unless agones.enabled
         self.rooms: dict[str, Room] = {}
@@ -86,6 +118,8 @@ class RelayServer:
         self._http_runner = None
         self._scheduler: Optional[TickScheduler] = None
         self._stats_task: Optional[asyncio.Task] = None
+        self._seen_drops: dict[str, int] = {}
+        self._seen_refusals: dict[str, int] = {}
         self.stopped = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -102,8 +136,16 @@ class RelayServer:
             on_received=self._count_received, on_sent=self._count_sent,
             on_error=lambda exc: self.log.debug("udp_error", error=str(exc)))
         self.udp_address = self.driver.transport.get_extra_info("sockname")[:2]
-        self._http_runner, self.http_port = await start_http(self, self.metrics, server.http_host,
-                                                             server.http_port)
+        self._http_runner, self.http_port = await start_http(
+            self, self.metrics, server.http_host, server.http_port,
+            admin_token=self.config.security.load_admin_token(),
+            require_auth=not is_loopback(server.http_host))
+        if self.security_mode == "open" and not is_loopback(server.udp_host):
+            self.log.warning(
+                "open_mode_on_public_address", udp=server.udp_host,
+                detail="SECURITY: anyone who can reach this address may join any room as any "
+                       "player and read its frames; set security.mode = \"token\" and keys "
+                       "(docs/SECURITY.md)")
         self._scheduler = TickScheduler(self.tick_rate, self._tick, self.metrics)
         self._scheduler.start()
         self._stats_task = self.loop.create_task(self._stats_loop())
@@ -115,7 +157,7 @@ class RelayServer:
         self.log.info("started", udp=f"{self.udp_address[0]}:{self.udp_address[1]}",
                       http=f"{server.http_host}:{self.http_port}", tick_rate=self.tick_rate,
                       auto_create=self.settings.auto_create, replays=self.config.replay.enabled,
-                      version=relay.__version__)
+                      security=self.security_mode, version=relay.__version__)
 
     async def stop(self, reason: str = "shutdown") -> None:
         """Stop taking work, end every room (clients are told why), flush replays, close."""
@@ -268,7 +310,13 @@ class RelayServer:
         self.metrics.joins.labels(outcome="refused").inc()
         self.metrics.refusals.labels(reason=code).inc()
         self.endpoint.send(peer_id, CONTROL, protocol.refused(code, text))
-        self.log.info("join_refused", peer=peer_id, reason=code, detail=text)
+        # One line per connection; a connection that keeps sending JOINs is summarized.
+        seen = self.notified.setdefault(peer_id, set())
+        if "join_refused" in seen:
+            self.limit_log("joins_refused_repeatedly", code, peer=peer_id)
+        else:
+            seen.add("join_refused")
+            self.log.info("join_refused", peer=peer_id, reason=code, detail=text)
 
     def _refuse_input(self, peer_id: int, reason: str) -> None:
         self.metrics.inputs.labels(outcome="refused").inc()
@@ -349,8 +397,13 @@ class RelayServer:
     def _carry_out(self, room: Room, action: Action) -> None:
         if action.kind == "send":
             if not self.endpoint.send(action.peer_id, action.channel, action.data):
-                if action.channel == STREAM and self.endpoint.is_connected(action.peer_id):
-                    room.on_send_failed(action.peer_id, "stream")
+                if self.endpoint.is_connected(action.peer_id):
+                    # The peer's queue is at server.max_pending_messages.
+                    self.metrics.drops.labels(reason="send_queue_full").inc()
+                    self.limit_log("limit_reached", "send_queue_full", room=room.room_id,
+                                   peer=action.peer_id, limit=self.config.server.max_pending_messages)
+                    if action.channel == STREAM:
+                        room.on_send_failed(action.peer_id, "stream")
         elif action.kind == "block":
             if self.endpoint.send_block(action.peer_id, action.data):
                 self.metrics.blocks.labels(outcome="started").inc()
@@ -428,6 +481,12 @@ class RelayServer:
         directory = Path(settings.directory)
         try:
             directory.mkdir(parents=True, exist_ok=True)
+            if settings.max_disk_bytes and self._enforce_replay_disk_cap() >= settings.max_disk_bytes:
+                # Only the matches being recorded are left, and they fill the budget.
+                self.metrics.replay_disk.labels(action="not_recorded").inc()
+                self.limit_log("limit_reached", "replay_max_disk_bytes", room=room.room_id,
+                               limit=settings.max_disk_bytes, detail="match not recorded")
+                return
             name = f"{_SAFE_NAME.sub('_', room.room_id)}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.replay"
             self.replays[room.room_id] = ReplayWriter(
                 directory / name, room=room.room_id, tick_rate=self.tick_rate,
@@ -435,6 +494,35 @@ class RelayServer:
                 max_bytes=settings.max_bytes)
         except OSError as error:
             self.log.error("replay_open_failed", room=room.room_id, error=str(error))
+
+    def _enforce_replay_disk_cap(self) -> int:
+        """Delete the oldest finished replays past replay.max_disk_bytes; the bytes in use after."""
+        settings = self.config.replay
+        usage = enforce_disk_cap(settings.directory, settings.max_disk_bytes,
+                                 {writer.path: writer.bytes_written for writer in self.replays.values()})
+        for path, size in usage.deleted:
+            self.metrics.replay_disk.labels(action="deleted").inc()
+            self.log.info("replay_deleted", path=str(path), bytes=size,
+                          reason="replay.max_disk_bytes", limit=settings.max_disk_bytes)
+        return usage.total
+
+    def _check_replay_disk(self) -> None:
+        """Once a second: keep the replays within replay.max_disk_bytes. When the matches being
+        recorded alone exceed it, the newest recordings stop (their files close cleanly and then
+        count as finished, oldest deleted first)."""
+        limit = self.config.replay.max_disk_bytes
+        if not (limit and self.config.replay.enabled) or self._enforce_replay_disk_cap() <= limit:
+            return
+        live = sum(writer.bytes_written for writer in self.replays.values())
+        for room_id in reversed(list(self.replays)):      # newest first
+            if live <= limit:
+                break
+            live -= self.replays[room_id].bytes_written
+            self._close_replay(room_id, "disk_cap")
+            self.metrics.replay_disk.labels(action="stopped").inc()
+            self.log.warning("limit_reached", reason="replay_max_disk_bytes", room=room_id,
+                             limit=limit, detail="recording stopped")
+        self._enforce_replay_disk_cap()
 
     def _close_replay(self, room_id: str, reason: str) -> None:
         writer = self.replays.pop(room_id, None)
@@ -483,7 +571,21 @@ class RelayServer:
         metrics.set_rooms(counts)
         self.agones.set_counts(counts[RUNNING], sum(
             1 for room in self.rooms.values() for slot in room.slots if slot.peer_id is not None))
-        metrics.sync_drops(self.endpoint.drops)
+        drops = self.endpoint.drops
+        for reason in ("reassembly_full", "rate_limited", "auth_failed"):
+            grew = drops.get(reason, 0) - self._seen_drops.get(reason, 0)
+            if grew > 0:
+                self.limit_log("datagrams_dropped", reason, count=grew)
+        self._seen_drops = drops
+        metrics.sync_drops(drops)
+        refusals = self.endpoint.refusals
+        for reason, total in refusals.items():
+            grew = total - self._seen_refusals.get(reason, 0)
+            if grew > 0:
+                self.limit_log("handshakes_refused", reason, count=grew)
+        self._seen_refusals = refusals
+        metrics.sync_refusals(refusals)
+        self._check_replay_disk()
         # Resends, redundant bytes, RTT and loss per peer (datagrams are counted at the socket).
         endpoint = self.endpoint
         metrics.sync_peers({peer_id: endpoint.peer_stats(peer_id) for peer_id in endpoint.peer_ids})
