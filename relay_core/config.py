@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Mapping, Optional
 
 MODES = ("reliable_ordered", "redundant", "unreliable_sequenced", "unreliable")
 
@@ -10,6 +10,10 @@ MODES = ("reliable_ordered", "redundant", "unreliable_sequenced", "unreliable")
 _DATA_HEADER = 20
 _FRAGMENT_OVERHEAD = 7
 _SLICE_OVERHEAD = 13
+# The AEAD tag appended to every encrypted DATA packet (docs/PROTOCOL.md, "Packet protection").
+TAG_SIZE = 16
+_KEY_SIZE = 32
+_MAX_KEY_ID = 0xFFFFFFFF
 
 
 class ConfigError(ValueError):
@@ -110,7 +114,24 @@ class EndpointConfig:
     max_datagrams_per_flush: int = 64
     """Per peer per datagrams_to_send() call: keeps one busy peer from starving the rest."""
     seed: Optional[int] = None
-    """Seed for connect ids, session ids and the cookie key; None uses the OS random source."""
+    """Seed for connect ids, session ids, the cookie key and path challenges; None uses the OS
+    random source."""
+
+    token_keys: Optional[Mapping[int, bytes]] = None
+    """Server: key id -> 32-byte key that opens connect tokens. None is open mode (no tokens,
+    no encryption); otherwise every connection needs a valid, unused token."""
+    encrypt_packets: bool = True
+    """Server, token mode: protect DATA and DISCONNECT with the token's session keys (the client
+    follows what the server's ACCEPT says). False: tokens authenticate the handshake only."""
+    handshake_rate: Optional[float] = 100.0
+    """Handshake packets (CONNECT_REQUEST, CONNECT_RESPONSE) accepted per second per source IP;
+    None: unlimited. A client sends about 10 per second while it retries."""
+    handshake_burst: int = 200
+    """Handshake packets a source IP may send at once before handshake_rate applies."""
+    handshake_sources: int = 16384
+    """Source IPs whose handshake budget is remembered; the least recently seen is forgotten."""
+    path_challenge_budget: int = 1024
+    """Bytes of PATH_CHALLENGE we send to a peer's unvalidated new address."""
 
     def validate(self) -> "EndpointConfig":
         def bad(name: str, allowed: str) -> ConfigError:
@@ -139,8 +160,11 @@ class EndpointConfig:
             raise bad("heartbeat_interval", f"must be below peer_timeout={self.peer_timeout}")
         if not 1 <= self.max_resends <= 10000:
             raise bad("max_resends", "1..10000")
-        if not 1 <= self.max_message_size <= 255 * self.fragment_size:
-            raise bad("max_message_size", f"1..{255 * self.fragment_size} (255 fragments at this mtu)")
+        # Bounds on fragment and slice counts hold in encrypted sessions too, whose datagrams
+        # carry TAG_SIZE fewer bytes of records.
+        if not 1 <= self.max_message_size <= 255 * (self.fragment_size - TAG_SIZE):
+            raise bad("max_message_size", f"1..{255 * (self.fragment_size - TAG_SIZE)} "
+                                          "(255 fragments at this mtu, less the AEAD tag)")
         if self.max_fragments_in_flight < 255:
             raise bad("max_fragments_in_flight", "at least 255 (one largest message)")
         if self.reassembly_limit < self.max_message_size:
@@ -149,8 +173,9 @@ class EndpointConfig:
             raise bad("block_slice_size", f"64..{self.mtu - _DATA_HEADER - _SLICE_OVERHEAD} at this mtu")
         if not 1 <= self.block_window <= 512:
             raise bad("block_window", "1..512 slices")
-        if not 1 <= self.max_block_size <= min(65535 * self.slice_size, 2**32 - 1):
-            raise bad("max_block_size", f"1..{min(65535 * self.slice_size, 2**32 - 1)} bytes")
+        largest_block = min(65535 * self.session_slice_size(TAG_SIZE), 2**32 - 1)
+        if not 1 <= self.max_block_size <= largest_block:
+            raise bad("max_block_size", f"1..{largest_block} bytes (65535 slices)")
         if self.block_memory_limit < self.max_block_size:
             raise bad("block_memory_limit", f"at least max_block_size={self.max_block_size}")
         if self.max_queued_blocks < 1:
@@ -166,6 +191,27 @@ class EndpointConfig:
             raise bad("sent_unit_capacity", "a power of two in 256..1048576")
         if self.max_datagrams_per_flush < 1:
             raise bad("max_datagrams_per_flush", "at least 1")
+        if self.token_keys is not None:
+            if not isinstance(self.token_keys, Mapping) or not self.token_keys:
+                raise bad("token_keys", "None (open mode) or a non-empty mapping key id -> 32-byte key")
+            for key_id, key in self.token_keys.items():
+                if not isinstance(key_id, int) or isinstance(key_id, bool) or not 0 <= key_id <= _MAX_KEY_ID:
+                    raise ConfigError(f"token_keys: key id {key_id!r} is not an integer 0..{_MAX_KEY_ID}")
+                if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_SIZE:
+                    raise ConfigError(f"token_keys[{key_id}]: must be {_KEY_SIZE} bytes "
+                                      f"(relay_core.token.generate_key())")
+            if not self.accept_connections:
+                raise bad("token_keys", "only a server (accept_connections=True) opens tokens")
+        if not isinstance(self.encrypt_packets, bool):
+            raise bad("encrypt_packets", "True or False")
+        if self.handshake_rate is not None and not (0 < self.handshake_rate < float("inf")):
+            raise bad("handshake_rate", "None (unlimited) or a finite number > 0 per second")
+        if self.handshake_burst < 1:
+            raise bad("handshake_burst", "at least 1 packet")
+        if self.handshake_sources < 1:
+            raise bad("handshake_sources", "at least 1")
+        if self.path_challenge_budget < 0:
+            raise bad("path_challenge_budget", "must be >= 0 bytes")
         return self
 
     @property
@@ -179,6 +225,10 @@ class EndpointConfig:
         if self.block_slice_size is not None:
             return self.block_slice_size
         return min(1024, self.mtu - _DATA_HEADER - _SLICE_OVERHEAD)
+
+    def session_slice_size(self, reserve: int) -> int:
+        """Slice size of a session whose datagrams keep ``reserve`` bytes for the AEAD tag."""
+        return min(self.slice_size, self.mtu - _DATA_HEADER - _SLICE_OVERHEAD - reserve)
 
     @property
     def max_whole_message(self) -> int:

@@ -9,12 +9,21 @@ client's address, connect id and time) -> CONNECT_RESPONSE (echoes the cookie) -
 id). The server allocates nothing for a client until the cookie comes back, so a flood from
 spoofed source addresses costs it one keyed hash per datagram and no memory; every reply to an
 unauthenticated datagram is no larger than that datagram.
+
+Token mode (``token_keys``): the client's CONNECT_REQUEST and CONNECT_RESPONSE carry a connect
+token (relay_core.token); the server opens it only once the cookie has come back, refuses it if
+expired or already used, and answers with an ACCEPT sealed with the token's server key. DATA and
+DISCONNECT are then sealed with the token's session keys (``encrypt_packets``).
 """
 import hashlib
 import heapq
 import hmac
 import random
+import time
 from collections import deque
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
@@ -25,16 +34,19 @@ from relay_core.peer cimport (
 )
 from relay_core.wire cimport (
     check_prefix, read_u16, read_u32, make_challenge, make_connect_response, make_accept, make_refuse,
+    make_nonce, read_token_block,
     PT_CONNECT_REQUEST, PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE, PT_DATA,
     PT_DISCONNECT, CONNECT_REQUEST_SIZE, CHALLENGE_SIZE, CONNECT_RESPONSE_SIZE, ACCEPT_SIZE,
-    REFUSE_SIZE, DISCONNECT_SIZE, DATA_HEADER_SIZE, COOKIE_MAC_SIZE,
+    REFUSE_SIZE, DISCONNECT_SIZE, DATA_HEADER_SIZE, COOKIE_MAC_SIZE, TAG_SIZE, TOKEN_BLOCK_HEADER,
+    TOKEN_FORMAT_NONE, ACCEPT_SECURE_SIZE, DISCONNECT_SECURE_SIZE, ACCEPT_FLAG_ENCRYPTED,
     DROP_REASON_COUNT, DROP_TRUNCATED, DROP_BAD_LENGTH, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
     DROP_BAD_COOKIE, DROP_EXPIRED_COOKIE, DROP_NOT_ACCEPTING, DROP_UNEXPECTED_PACKET,
-    DROP_DUPLICATE_PACKET,
+    DROP_DUPLICATE_PACKET, DROP_AUTH_FAILED, DROP_RATE_LIMITED, DROP_BAD_TOKEN,
 )
 
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerStats
+from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
 
@@ -46,6 +58,7 @@ cdef class Endpoint:
     cdef readonly object config
     cdef dict peers_by_address
     cdef dict peers
+    cdef dict sessions                  # session_id -> connected peer (address migration)
     cdef list closing
     # Peers are visited only when something may be due: the ones touched since their last flush
     # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
@@ -66,11 +79,26 @@ cdef class Endpoint:
     cdef uint16_t ack_delay_ms          # announced in the handshake; the peer's RTO allows for it
     cdef MemoryBudget block_budget      # block receive buffers of all peers together
     cdef tuple size_limits              # per channel: (largest payload, what to suggest)
+    cdef tuple unreliable_channels      # per channel: True when its limit is one datagram
 
-    def __init__(self, config=None):
+    # token mode
+    cdef object token_keys              # None: open mode
+    cdef bint encrypt_packets
+    cdef readonly double unix_offset    # unix time = now + unix_offset
+    cdef dict used_tokens               # token_id -> expiry (unix): single use
+    cdef list used_token_expiry         # heap of (expiry, token_id), to forget them once expired
+
+    # per-source handshake rate limit (token bucket per source IP, least recently seen evicted)
+    cdef dict handshake_buckets         # source -> (tokens, at)
+    cdef double handshake_rate          # 0: unlimited
+    cdef double handshake_burst
+    cdef Py_ssize_t handshake_sources
+
+    def __init__(self, config=None, unix_offset=None):
         self.config = (config if config is not None else EndpointConfig()).validate()
         self.peers_by_address = {}
         self.peers = {}
+        self.sessions = {}
         self.closing = []
         self.dirty = set()
         self.due_heap = []
@@ -90,6 +118,18 @@ cdef class Endpoint:
             if channel.mode in ("unreliable", "unreliable_sequenced")
             else (self.config.max_message_size, "exceeds max_message_size; use send_block()")
             for channel in self.config.channels)
+        self.unreliable_channels = tuple(channel.mode in ("unreliable", "unreliable_sequenced")
+                                         for channel in self.config.channels)
+        self.token_keys = dict(self.config.token_keys) if self.config.token_keys is not None else None
+        self.encrypt_packets = self.config.encrypt_packets
+        # The one place the core reads a clock: token expiry is unix time, the caller's is not.
+        self.unix_offset = time.time() - time.monotonic() if unix_offset is None else unix_offset
+        self.used_tokens = {}
+        self.used_token_expiry = []
+        self.handshake_buckets = {}
+        self.handshake_rate = self.config.handshake_rate or 0.0
+        self.handshake_burst = self.config.handshake_burst
+        self.handshake_sources = self.config.handshake_sources
         self.scratch = <uint8_t*>PyMem_Malloc(self.config.mtu)
         if self.scratch == NULL:
             raise MemoryError()
@@ -102,16 +142,19 @@ cdef class Endpoint:
 
     # -- public API ------------------------------------------------------------------------
 
-    def connect(self, address, double now):
+    def connect(self, address, double now, token=None):
         """Start connecting to a server at ``address``; returns the peer id.
 
+        ``token`` (a ConnectToken from the game backend) is required by a server in token mode.
         Messages sent before the handshake completes are queued and go out once connected.
         A PeerConnected or PeerDisconnected("connect_timeout" / "refused:...") event follows.
         """
         if address in self.peers_by_address:
             raise ValueError(f"a peer at {address!r} already exists")
+        if token is not None and not isinstance(token, ConnectToken):
+            raise TypeError(f"token must be a relay_core.token.ConnectToken, got {type(token).__name__}")
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, self._random_u32(),
-                    self.block_budget)
+                    self.block_budget, TAG_SIZE if token is not None else 0, token)
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         self.dirty.add(peer.peer_id)
@@ -128,6 +171,8 @@ cdef class Endpoint:
         if not 0 <= channel < len(self.size_limits):
             raise ValueError(f"channel {channel} does not exist (0..{len(self.size_limits) - 1})")
         limit, advice = self.size_limits[channel]
+        if peer is not None and self.unreliable_channels[channel]:
+            limit -= peer.reserve           # the datagram also carries the AEAD tag
         if len(payload) > limit:
             raise ValueError(f"message of {len(payload)} bytes on channel {channel} {advice} "
                              f"({limit} bytes)")
@@ -189,10 +234,10 @@ cdef class Endpoint:
                 self.drop_counts[-rc - 1] += 1
             return
         if ptype == PT_CONNECT_REQUEST:
-            self._on_connect_request(p, n, address, now)
+            self._on_connect_request(p, n, datagram, address, now)
             return
         if ptype == PT_CONNECT_RESPONSE:
-            self._on_connect_response(p, n, address, now)
+            self._on_connect_response(p, n, datagram, address, now)
         else:
             self._on_server_reply(ptype, p, n, datagram, address, now)
         peer = self.peers_by_address.get(address)
@@ -279,6 +324,17 @@ cdef class Endpoint:
         cdef Peer peer = self.peers.get(peer_id)
         return peer is not None and peer.state == STATE_CONNECTED
 
+    def peer_claims(self, int peer_id):
+        """Server in token mode: the TokenClaims the peer connected with (None otherwise)."""
+        return (<Peer>self.peers[peer_id]).claims
+
+    def session_info(self, int peer_id):
+        """Packet protection state of a connection, for tests and debugging."""
+        cdef Peer peer = self.peers[peer_id]
+        return {"encrypted": peer.seal_aead is not None, "send_counter": peer.send_counter,
+                "receive_counter": peer.recv_counter if peer.has_recv_counter else None,
+                "tag_reserve": peer.reserve}
+
     @property
     def peer_ids(self):
         return list(self.peers)
@@ -300,70 +356,185 @@ cdef class Endpoint:
 
     # -- handshake -------------------------------------------------------------------------
 
-    cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time):
-        message = repr(address).encode() + connect_id.to_bytes(4, "little") + cookie_time.to_bytes(4, "little")
+    cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token):
+        # The token is bound into the cookie: the CONNECT_RESPONSE must carry the same one.
+        message = (repr(address).encode() + connect_id.to_bytes(4, "little")
+                   + cookie_time.to_bytes(4, "little") + token)
         return hashlib.blake2s(message, key=self.cookie_key, digest_size=COOKIE_MAC_SIZE).digest()
 
-    cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, object address, double now):
+    cdef bint _over_handshake_rate(self, object address, double now):
+        """Charge one handshake packet to the source IP's bucket; True when it is empty."""
+        cdef double tokens
+        if self.handshake_rate <= 0.0:
+            return False
+        # Per IP, not per port: a flooder picks ports freely.
+        source = address[0] if type(address) is tuple else address
+        bucket = self.handshake_buckets.pop(source, None)
+        if bucket is None:
+            if len(self.handshake_buckets) >= self.handshake_sources:
+                del self.handshake_buckets[next(iter(self.handshake_buckets))]     # least recent
+            tokens = self.handshake_burst
+        else:
+            tokens = min(self.handshake_burst, bucket[0] + max(0.0, now - bucket[1]) * self.handshake_rate)
+        if tokens >= 1.0:
+            self.handshake_buckets[source] = (tokens - 1.0, now)
+            return False
+        self.handshake_buckets[source] = (tokens, now)
+        self.drop_counts[DROP_RATE_LIMITED] += 1
+        return True
+
+    cdef void _refuse(self, uint32_t connect_id, str reason, object address):
+        self.refusal_counts[reason] = self.refusal_counts.get(reason, 0) + 1
+        self.control_out.append((make_refuse(connect_id, REASON_CODES[reason]), address))
+
+    cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, bytes datagram, object address,
+                                  double now):
         cdef uint32_t connect_id, cookie_time
+        cdef Py_ssize_t token_length
+        cdef int token_format
         if not self.accept_connections:
             self.drop_counts[DROP_NOT_ACCEPTING] += 1
+            return
+        if self._over_handshake_rate(address, now):
             return
         if n < CONNECT_REQUEST_SIZE:
             self.drop_counts[DROP_BAD_LENGTH] += 1
             return
+        token_format = read_token_block(p, n, 8, &token_length)
+        if token_format < 0:
+            self.drop_counts[-token_format - 1] += 1
+            return
         connect_id = read_u32(p + 4)
+        # A mode mismatch is answered at once (REFUSE is 9 bytes, smaller than any request).
+        if token_format == TOKEN_FORMAT_NONE and self.token_keys is not None:
+            self._refuse(connect_id, "token_required", address)
+            return
+        if token_format != TOKEN_FORMAT_NONE and self.token_keys is None:
+            self._refuse(connect_id, "token_unsupported", address)
+            return
+        token = datagram[8 + TOKEN_BLOCK_HEADER:8 + TOKEN_BLOCK_HEADER + token_length]
         cookie_time = time_ms32(now)
         self.control_out.append((make_challenge(connect_id, cookie_time,
-                                                self._cookie_mac(address, connect_id, cookie_time)), address))
+                                                self._cookie_mac(address, connect_id, cookie_time, token)),
+                                 address))
 
-    cdef void _on_connect_response(self, const uint8_t* p, Py_ssize_t n, object address, double now):
+    cdef void _on_connect_response(self, const uint8_t* p, Py_ssize_t n, bytes datagram, object address,
+                                   double now):
         cdef uint32_t connect_id, cookie_time, session_id
+        cdef Py_ssize_t token_length = 0
+        cdef int token_format
+        cdef double unix_now
         cdef Peer peer, existing
         if not self.accept_connections:
             self.drop_counts[DROP_NOT_ACCEPTING] += 1
             return
-        if n != CONNECT_RESPONSE_SIZE:
+        if self._over_handshake_rate(address, now):
+            return
+        if n < CONNECT_RESPONSE_SIZE:
             self.drop_counts[DROP_BAD_LENGTH] += 1
             return
+        token = b""
+        if n > CONNECT_RESPONSE_SIZE:
+            token_format = read_token_block(p, n, CONNECT_RESPONSE_SIZE, &token_length)
+            if token_format < 0:
+                self.drop_counts[-token_format - 1] += 1
+                return
+            if (token_format == TOKEN_FORMAT_NONE
+                    or n != CONNECT_RESPONSE_SIZE + TOKEN_BLOCK_HEADER + token_length + TAG_SIZE):
+                self.drop_counts[DROP_BAD_LENGTH] += 1
+                return
+            token = datagram[CONNECT_RESPONSE_SIZE + TOKEN_BLOCK_HEADER:n - TAG_SIZE]
         connect_id = read_u32(p + 4)
         cookie_time = read_u32(p + 8)
         mac = (<const char*>p)[12:12 + COOKIE_MAC_SIZE]
-        if not hmac.compare_digest(mac, self._cookie_mac(address, connect_id, cookie_time)):
+        if not hmac.compare_digest(mac, self._cookie_mac(address, connect_id, cookie_time, token)):
             self.drop_counts[DROP_BAD_COOKIE] += 1
             return
         if <uint32_t>(time_ms32(now) - cookie_time) > self.cookie_lifetime_ms:
             self.drop_counts[DROP_EXPIRED_COOKIE] += 1
             return
+        if not token and self.token_keys is not None:
+            self._refuse(connect_id, "token_required", address)
+            return
+        if token and self.token_keys is None:
+            self._refuse(connect_id, "token_unsupported", address)
+            return
         existing = self.peers_by_address.get(address)
-        if existing is not None:
-            if existing.connect_id == connect_id:
-                # Our ACCEPT was lost and the client asks again: same answer, no new peer.
-                self.control_out.append((make_accept(connect_id, existing.session_id,
-                                                     self.ack_delay_ms), address))
+        if existing is not None and existing.connect_id == connect_id and existing.token_private == (token or None):
+            # Our ACCEPT was lost and the client asks again: same answer, no new peer. (Its
+            # token is already used -- by this very connection.)
+            self.control_out.append((existing.accept_packet, address))
+            return
+        claims = None
+        if token:
+            # Only now, with the return route verified, is the token worth decrypting.
+            unix_now = now + self.unix_offset
+            try:
+                claims = open_token(self.token_keys, token, unix_now)
+            except TokenError as error:
+                self._refuse(connect_id, error.reason, address)
                 return
+            # The tag proves the sender holds the token's client key: someone who merely saw
+            # the token on the wire cannot spend it.
+            try:
+                ChaCha20Poly1305(claims.client_key).decrypt(make_nonce(PT_CONNECT_RESPONSE, connect_id),
+                                                            datagram[n - TAG_SIZE:], datagram[:n - TAG_SIZE])
+            except InvalidTag:
+                self.drop_counts[DROP_AUTH_FAILED] += 1
+                return
+            self._forget_expired_tokens(unix_now)
+            if claims.token_id in self.used_tokens:
+                self._refuse(connect_id, "token_used", address)
+                return
+        if existing is not None:
             # The client at this address restarted: the old session is over. No DISCONNECT:
             # it would go to the new client, and the reply must stay smaller than the request.
             self._close(existing, "replaced", -1)
         if len(self.peers) >= self.max_peers:
-            self.refusal_counts["server_full"] = self.refusal_counts.get("server_full", 0) + 1
-            self.control_out.append((make_refuse(connect_id, REASON_CODES["server_full"]), address))
+            self._refuse(connect_id, "server_full", address)        # the token stays unused
             return
+        encrypted = claims is not None and self.encrypt_packets
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id,
-                    self.block_budget)
+                    self.block_budget, TAG_SIZE if encrypted else 0, None)
         session_id = self._random_u32()
+        while session_id in self.sessions:          # the session id alone finds a migrating peer
+            session_id = self._random_u32()
+        if claims is None:
+            peer.accept_packet = make_accept(connect_id, session_id, self.ack_delay_ms, -1)
+        else:
+            self.used_tokens[claims.token_id] = claims.expires
+            heapq.heappush(self.used_token_expiry, (claims.expires, claims.token_id))
+            peer.claims = claims
+            peer.token_private = token
+            accept = make_accept(connect_id, session_id, self.ack_delay_ms,
+                                 ACCEPT_FLAG_ENCRYPTED if encrypted else 0)
+            peer.accept_packet = accept + ChaCha20Poly1305(claims.server_key).encrypt(
+                make_nonce(PT_ACCEPT, connect_id), b"", accept)
+            if encrypted:
+                peer.protect(claims.server_key, claims.client_key)
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
+        self.sessions[session_id] = peer
         peer.connected(session_id, now, read_u16(p + 28) / 1000.0)
-        self.control_out.append((make_accept(connect_id, session_id, self.ack_delay_ms), address))
+        self.control_out.append((peer.accept_packet, address))
+
+    cdef void _forget_expired_tokens(self, double unix_now):
+        # An expired token is refused as expired anyway; its id need not be remembered.
+        while self.used_token_expiry and self.used_token_expiry[0][0] <= unix_now:
+            self.used_tokens.pop(heapq.heappop(self.used_token_expiry)[1], None)
 
     cdef void _on_server_reply(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
                                object address, double now):
         """CHALLENGE, ACCEPT, REFUSE (to a connecting client) and DISCONNECT (either side)."""
         cdef Peer peer = self.peers_by_address.get(address)
-        cdef Py_ssize_t size = {PT_CHALLENGE: CHALLENGE_SIZE, PT_ACCEPT: ACCEPT_SIZE,
-                                PT_REFUSE: REFUSE_SIZE, PT_DISCONNECT: DISCONNECT_SIZE}[ptype]
-        if n != size:
+        cdef int code
+        if ptype == PT_ACCEPT:
+            ok = n == ACCEPT_SIZE or n == ACCEPT_SECURE_SIZE
+        elif ptype == PT_DISCONNECT:
+            ok = n == DISCONNECT_SIZE or n == DISCONNECT_SECURE_SIZE
+        else:
+            ok = n == (CHALLENGE_SIZE if ptype == PT_CHALLENGE else REFUSE_SIZE)
+        if not ok:
             self.drop_counts[DROP_BAD_LENGTH] += 1
             return
         if peer is None:
@@ -373,7 +544,11 @@ cdef class Endpoint:
             if peer.state != STATE_CONNECTED or read_u32(p + 4) != peer.session_id:
                 self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
-            self._close(peer, "remote:" + REASONS.get(p[8], str(p[8])), -1)
+            code = peer.open_disconnect(datagram)
+            if code < 0:
+                self.drop_counts[-code - 1] += 1
+                return
+            self._close(peer, "remote:" + REASONS.get(code, str(code)), -1)
             return
         if read_u32(p + 4) != peer.connect_id:
             self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
@@ -382,9 +557,14 @@ cdef class Endpoint:
             if peer.state != STATE_CONNECTING:
                 self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
                 return
-            peer.cookie_packet = make_connect_response(peer.connect_id, read_u32(p + 8),
-                                                       datagram[12:12 + COOKIE_MAC_SIZE],
-                                                       self.ack_delay_ms)
+            token = peer.token
+            response = make_connect_response(peer.connect_id, read_u32(p + 8),
+                                             datagram[12:12 + COOKIE_MAC_SIZE], self.ack_delay_ms,
+                                             token.private if token is not None else None)
+            if token is not None:
+                response += ChaCha20Poly1305(token.client_key).encrypt(
+                    make_nonce(PT_CONNECT_RESPONSE, peer.connect_id), b"", response)
+            peer.cookie_packet = response
             peer.state = STATE_CHALLENGED
             peer.next_handshake_at = now
         elif ptype == PT_ACCEPT:
@@ -394,6 +574,24 @@ cdef class Endpoint:
             if peer.state != STATE_CHALLENGED or read_u32(p + 8) == 0:
                 self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
                 return
+            token = peer.token
+            if token is None and n != ACCEPT_SIZE:
+                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+                return
+            if token is not None:
+                # Only the holder of the token key could open our token and learn this key.
+                if n != ACCEPT_SECURE_SIZE:
+                    self.drop_counts[DROP_AUTH_FAILED] += 1
+                    return
+                try:
+                    ChaCha20Poly1305(token.server_key).decrypt(make_nonce(PT_ACCEPT, peer.connect_id),
+                                                               datagram[15:], datagram[:15])
+                except InvalidTag:
+                    self.drop_counts[DROP_AUTH_FAILED] += 1
+                    return
+                if p[14] & ACCEPT_FLAG_ENCRYPTED:
+                    peer.protect(token.client_key, token.server_key)
+            self.sessions[read_u32(p + 8)] = peer
             peer.connected(read_u32(p + 8), now, read_u16(p + 12) / 1000.0)
         else:
             if peer.state == STATE_CONNECTED:
@@ -415,6 +613,8 @@ cdef class Endpoint:
         """Remove a peer now; with code >= 0 a DISCONNECT goes out in the next flush."""
         self.peers_by_address.pop(peer.address, None)
         self.peers.pop(peer.peer_id, None)
+        if self.sessions.get(peer.session_id) is peer:
+            del self.sessions[peer.session_id]
         peer.release()
         self.events.append(PeerDisconnected(peer.peer_id, peer.address, reason))
         if code >= 0 and peer.state == STATE_CONNECTED:

@@ -21,6 +21,9 @@ class PeerConnected(Event):
     """Handle used with send(), disconnect() and peer_stats()."""
     address: Any
     """The peer's transport address as given to receive() or connect()."""
+    claims: Any = None
+    """Server in token mode: the TokenClaims of the token the peer connected with (room,
+    player, user_data, ...). None on the client and in open mode."""
 
 
 @dataclass(slots=True)
@@ -30,6 +33,14 @@ class PeerDisconnected(Event):
     reason: str
     """Why: ``timeout``, ``connect_timeout``, ``resend_limit``, ``replaced``, ``refused:<code>``,
     ``remote:<code>`` (the other side disconnected) or ``local:<code>`` (we did)."""
+
+
+@dataclass(slots=True)
+class PeerMigrated(Event):
+    peer_id: int
+    old_address: Any
+    new_address: Any
+    """The peer proved it receives at this address (PATH_RESPONSE); it is used from now on."""
 
 
 @dataclass(slots=True)

@@ -23,6 +23,18 @@ cdef class Peer:
     cdef readonly uint32_t connect_id
     cdef object events
 
+    # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
+    cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
+    cdef object seal_aead                   # ChaCha20Poly1305 with our sending key; None: clear packets
+    cdef object open_aead                   # ... with the peer's sending key
+    cdef readonly uint64_t send_counter     # counter of our next DATA/DISCONNECT; next_seq is its low 16 bits
+    cdef readonly uint64_t recv_counter     # highest packet counter from the peer that authenticated
+    cdef readonly bint has_recv_counter
+    cdef readonly object token              # client: the ConnectToken it connects with
+    cdef readonly object claims             # server: TokenClaims of the connection's token
+    cdef public bytes accept_packet         # server: the ACCEPT a repeated CONNECT_RESPONSE gets again
+    cdef public bytes token_private         # server: the token this connection was accepted with
+
     # handshake (client side)
     cdef bytes cookie_packet
     cdef double created_at
@@ -94,6 +106,8 @@ cdef class Peer:
     cdef readonly uint64_t messages_received
 
     cdef void connected(self, uint32_t session_id, double now, double peer_ack_delay)
+    cdef void protect(self, bytes send_key, bytes receive_key)
+    cdef int open_disconnect(self, bytes datagram)
     cdef void begin_disconnect(self, int code)
     cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
     cdef void process_acks(self, DataHeader* h, double now)
@@ -102,6 +116,7 @@ cdef class Peer:
     cdef void refill(self, double now)
     cdef void flush(self, double now, uint8_t* buf, list out)
     cdef void flush_handshake(self, double now, list out)
+    cdef bytes _disconnect_packet(self)
     cdef str check_timers(self, double now)
     cdef double next_deadline(self)
     cdef void release(self)

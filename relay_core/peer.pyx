@@ -9,6 +9,9 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport RttEstimator
 from relay_core.fragment cimport MemoryBudget
@@ -18,9 +21,11 @@ from relay_core.channel cimport (
 )
 from relay_core.wire cimport (
     DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
-    make_connect_request, make_disconnect, time_ms16,
-    DATA_HEADER_SIZE, RK_MESSAGE, RK_FRAGMENT, RK_BLOCK_SLICE, RK_BLOCK_ACK,
-    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_UNKNOWN_CHANNEL,
+    make_connect_request, make_disconnect, make_nonce, reconstruct_counter, time_ms16, read_u16,
+    write_prefix, write_u16, write_u32,
+    DATA_HEADER_SIZE, RK_MESSAGE, RK_FRAGMENT, RK_BLOCK_SLICE, RK_BLOCK_ACK, TAG_SIZE, PT_DATA,
+    PT_DISCONNECT, DISCONNECT_SECURE_SIZE,
+    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_UNKNOWN_CHANNEL, DROP_AUTH_FAILED,
 )
 
 from relay_core.channel import make_send_channel, make_receive_channel
@@ -42,9 +47,13 @@ cdef int ACK_WINDOW = 32
 
 cdef class Peer:
     def __init__(self, int peer_id, object address, object config, object events, double now,
-                 uint32_t connect_id, MemoryBudget block_budget):
+                 uint32_t connect_id, MemoryBudget block_budget, int reserve=0, object token=None):
         cdef int n
         self.peer_id = peer_id
+        # Sizes are fixed when the channels are built, before a client knows whether the server
+        # will encrypt: a client with a token always keeps room for the tag.
+        self.reserve = reserve
+        self.token = token
         self.address = address
         self.events = events
         self.connect_id = connect_id
@@ -79,7 +88,8 @@ cdef class Peer:
         for index, channel in enumerate(config.channels):
             sender = make_send_channel(
                 index, channel.mode, window=channel.window, max_pending=channel.max_pending,
-                fragment_size=config.fragment_size, whole_limit=config.max_whole_message,
+                fragment_size=config.fragment_size - reserve,
+                whole_limit=config.max_whole_message - reserve,
                 max_fragments_in_flight=config.max_fragments_in_flight,
                 max_resends=config.max_resends, rto_limit=config.rto_limit)
             self.send_channels.append(sender)
@@ -89,7 +99,8 @@ cdef class Peer:
                 index, channel.mode, window=channel.window, budget=self.reassembly,
                 max_message_size=config.max_message_size))
         self.channel_count = len(self.send_channels)
-        self.block_out = BlockSender(config.slice_size, config.block_window, config.max_queued_blocks)
+        self.block_out = BlockSender(config.session_slice_size(reserve), config.block_window,
+                                     config.max_queued_blocks)
         self.block_in = BlockReceiver(config.max_block_size, block_budget)
         self.delivered = []
 
@@ -127,7 +138,28 @@ cdef class Peer:
         self.state = STATE_CONNECTED
         self.last_receive_at = now
         self.last_send_at = now
-        self.events.append(PeerConnected(self.peer_id, self.address))
+        self.events.append(PeerConnected(self.peer_id, self.address, self.claims))
+
+    cdef void protect(self, bytes send_key, bytes receive_key):
+        """Seal what we send and open what we receive from now on; one cipher object per
+        direction for the whole session (building one per packet costs more than sealing)."""
+        self.seal_aead = ChaCha20Poly1305(send_key)
+        self.open_aead = ChaCha20Poly1305(receive_key)
+
+    cdef int open_disconnect(self, bytes datagram):
+        """The reason code of a DISCONNECT for this session, or -(DropReason + 1)."""
+        cdef const uint8_t* p = <const uint8_t*><const char*>datagram
+        cdef uint64_t counter
+        if self.open_aead is None:
+            return p[8]
+        if len(datagram) != DISCONNECT_SECURE_SIZE:
+            return -(DROP_AUTH_FAILED + 1)
+        counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_u16(p + 8))
+        try:
+            reason = self.open_aead.decrypt(make_nonce(PT_DISCONNECT, counter), datagram[10:], datagram[:10])
+        except InvalidTag:
+            return -(DROP_AUTH_FAILED + 1)
+        return reason[0]
 
     cdef void begin_disconnect(self, int code):
         self.disconnect_code = code
@@ -149,6 +181,25 @@ cdef class Peer:
         cdef Py_ssize_t pos = DATA_HEADER_SIZE
         cdef int status = 0, rc, distance
         cdef bint has_records = False
+        cdef uint64_t counter
+        if self.open_aead is not None:
+            # Authenticate before anything else: a forged or altered packet changes no state
+            # (acks, RTT, the received-packet buffer, the idle timer) and is never answered.
+            if n < DATA_HEADER_SIZE + TAG_SIZE:
+                return -(DROP_AUTH_FAILED + 1)
+            counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_u16(p + 8))
+            view = memoryview(datagram)
+            try:
+                plaintext = self.open_aead.decrypt(make_nonce(PT_DATA, counter), view[DATA_HEADER_SIZE:],
+                                                   view[:DATA_HEADER_SIZE])
+            except InvalidTag:
+                return -(DROP_AUTH_FAILED + 1)
+            if not self.has_recv_counter or counter > self.recv_counter:
+                self.recv_counter = counter
+                self.has_recv_counter = True
+            datagram = datagram[:DATA_HEADER_SIZE] + plaintext
+            p = <const uint8_t*><const char*>datagram
+            n = len(datagram)
         read_data_header(p, &h)
         if self.has_received:
             distance = seq_diff(h.seq, self.latest_received)
@@ -308,8 +359,9 @@ cdef class Peer:
     cdef void flush(self, double now, uint8_t* buf, list out):
         """Append this peer's datagrams for ``now`` to ``out`` as (bytes, address)."""
         cdef int k, slot
-        cdef Py_ssize_t pos, end = self.mtu
+        cdef Py_ssize_t pos, end = self.mtu - self.reserve
         cdef DataHeader h
+        cdef bytes datagram
         cdef SendChannel channel
         cdef uint64_t units_start
         cdef double held
@@ -350,8 +402,17 @@ cdef class Peer:
             self.sent_acked[slot] = 0
             self.sent_unit_start[slot] = units_start
             self.sent_unit_count[slot] = <uint32_t>(self.units.head - units_start)
+            if self.seal_aead is None:
+                datagram = PyBytes_FromStringAndSize(<char*>buf, pos)
+            else:
+                header = PyBytes_FromStringAndSize(<char*>buf, DATA_HEADER_SIZE)
+                datagram = header + self.seal_aead.encrypt(
+                    make_nonce(PT_DATA, self.send_counter),
+                    PyBytes_FromStringAndSize(<char*>buf + DATA_HEADER_SIZE, pos - DATA_HEADER_SIZE), header)
+                pos = len(datagram)
             self.next_seq += 1
-            out.append((PyBytes_FromStringAndSize(<char*>buf, pos), self.address))
+            self.send_counter += 1
+            out.append((datagram, self.address))
             self.packets_sent += 1
             self.bytes_sent += pos
             self.tokens -= pos + IP_UDP_OVERHEAD
@@ -373,7 +434,7 @@ cdef class Peer:
     cdef void flush_handshake(self, double now, list out):
         cdef int i
         if self.state == STATE_DISCONNECTING:
-            packet = make_disconnect(self.session_id, self.disconnect_code)
+            packet = self._disconnect_packet()
             for i in range(DISCONNECT_COPIES):
                 out.append((packet, self.address))
             self.bytes_sent += DISCONNECT_COPIES * len(packet)
@@ -383,13 +444,28 @@ cdef class Peer:
         if self.state == STATE_CLOSED or now < self.next_handshake_at:
             return
         if self.state == STATE_CONNECTING:
-            packet = make_connect_request(self.connect_id)
+            packet = make_connect_request(self.connect_id, self.token.private if self.token is not None else None)
         else:
             packet = self.cookie_packet
         out.append((packet, self.address))
         self.bytes_sent += len(packet)
         self.packets_sent += 1
         self.next_handshake_at = now + self.connect_resend_interval
+
+    cdef bytes _disconnect_packet(self):
+        cdef uint8_t header[10]
+        if self.seal_aead is None:
+            return make_disconnect(self.session_id, self.disconnect_code)
+        # Sealed like DATA, with the next packet counter (the copies are identical bytes).
+        write_prefix(header, PT_DISCONNECT)
+        write_u32(header + 4, self.session_id)
+        write_u16(header + 8, <uint16_t>self.send_counter)
+        ad = (<char*>header)[:10]
+        packet = ad + self.seal_aead.encrypt(make_nonce(PT_DISCONNECT, self.send_counter),
+                                             bytes([self.disconnect_code]), ad)
+        self.send_counter += 1
+        self.next_seq += 1
+        return packet
 
     # -- timers ----------------------------------------------------------------------------
 

@@ -93,11 +93,13 @@ class LinkedPair:
         down: Optional[LinkProfile] = None,
         seed: int = 0,
         tick: float = 0.001,
+        unix_offset: Optional[float] = None,
     ):
         server_config = server_config or EndpointConfig(accept_connections=True, seed=seed)
         client_config = client_config or EndpointConfig(seed=seed + 1)
-        self.server = Endpoint(server_config)
-        self.client = Endpoint(client_config)
+        # unix time = simulated time + unix_offset (token expiry); None: the wall clock's.
+        self.server = Endpoint(server_config, unix_offset)
+        self.client = Endpoint(client_config, unix_offset)
         self.up = LossyLink(up or LinkProfile(), seed * 2 + 101)        # client -> server
         self.down = LossyLink(down or LinkProfile(), seed * 2 + 202)    # server -> client
         self.now = 0.0
@@ -107,11 +109,12 @@ class LinkedPair:
         self.client_peer: Optional[int] = None
         self.server_peer: Optional[int] = None
 
-    def connect(self, timeout: float = 5.0) -> None:
-        """Handshake; afterwards ``client_peer`` and ``server_peer`` are set."""
+    def connect(self, timeout: float = 5.0, token: Any = None) -> None:
+        """Handshake (with a ConnectToken in token mode); afterwards ``client_peer`` and
+        ``server_peer`` are set."""
         from relay_core.events import PeerConnected
 
-        self.client_peer = self.client.connect(self.SERVER_ADDRESS, self.now)
+        self.client_peer = self.client.connect(self.SERVER_ADDRESS, self.now, token)
         self.run_until(lambda: any(isinstance(e, PeerConnected) for e in self.server_events)
                        and any(isinstance(e, PeerConnected) for e in self.client_events), timeout)
         self.server_peer = next(e.peer_id for e in self.server_events if isinstance(e, PeerConnected))

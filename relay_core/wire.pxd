@@ -1,6 +1,6 @@
 # C-level wire constants and codec helpers shared by every core module.
 # Layouts are specified in docs/PROTOCOL.md; all integers are little-endian.
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, int16_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int16_t, int32_t, int64_t
 
 cdef enum:
     MAGIC_0 = 0x52          # 'R'
@@ -25,6 +25,18 @@ cdef enum:
     DISCONNECT_SIZE = 9
     COOKIE_MAC_SIZE = 16
     DATA_HEADER_SIZE = 20
+
+    # token mode and packet protection (docs/PROTOCOL.md, "Connect tokens", "Packet protection")
+    TAG_SIZE = 16                   # ChaCha20-Poly1305 tag
+    NONCE_SIZE = 12
+    TOKEN_FORMAT_NONE = 0
+    TOKEN_FORMAT_V1 = 1
+    TOKEN_BLOCK_HEADER = 3          # format u8, length u16
+    MIN_TOKEN_SIZE = 127            # relay_core.token.MIN_PRIVATE_SIZE
+    MAX_TOKEN_SIZE = 509            # relay_core.token.MAX_PRIVATE_SIZE
+    ACCEPT_SECURE_SIZE = 31         # ACCEPT + flags u8 + tag
+    DISCONNECT_SECURE_SIZE = 27     # prefix, session_id, seq u16, reason (sealed), tag
+    ACCEPT_FLAG_ENCRYPTED = 1
 
     # record kinds inside a DATA packet (high 3 bits of the record's first byte)
     RK_MESSAGE = 0
@@ -92,6 +104,21 @@ cdef inline bint seq_greater(uint16_t a, uint16_t b) noexcept nogil:
 cdef inline uint16_t time_ms16(double now) noexcept nogil:
     return <uint16_t>(<int64_t>(now * 1000.0) & 0xFFFF)
 
+cdef inline uint64_t reconstruct_counter(uint64_t largest, bint has_largest, uint16_t seq) noexcept nogil:
+    """The 64-bit packet counter whose low 16 bits are ``seq``, closest to the one expected
+    after ``largest`` (the highest authenticated so far): RFC 9000 appendix A.3 with a 16-bit
+    truncated packet number. Before anything was authenticated the counter is seq itself."""
+    cdef uint64_t expected, candidate
+    if not has_largest:
+        return seq
+    expected = largest + 1
+    candidate = (expected & ~(<uint64_t>0xFFFF)) | seq
+    if candidate + 0x8000 <= expected and candidate < (<uint64_t>1 << 63):
+        return candidate + 0x10000
+    if candidate > expected + 0x8000 and candidate >= 0x10000:
+        return candidate - 0x10000
+    return candidate
+
 
 
 # Reasons a datagram (or the rest of it) is dropped; names in wire.DROP_REASONS.
@@ -118,6 +145,10 @@ cdef enum:  # DropReason
     DROP_REASSEMBLY_FULL
     DROP_BAD_BLOCK_SLICE
     DROP_BLOCK_TOO_LARGE
+    DROP_AUTH_FAILED
+    DROP_RATE_LIMITED
+    DROP_BAD_TOKEN
+    DROP_PATH_UNVALIDATED
     DROP_REASON_COUNT
 
 
@@ -159,9 +190,12 @@ cdef Py_ssize_t write_slice_record(uint8_t* p, uint16_t block_id, int index, int
 cdef Py_ssize_t write_block_ack_record(uint8_t* p, uint16_t block_id, uint16_t base,
                                        const uint8_t* bitfield, Py_ssize_t bitfield_length) noexcept nogil
 
-cdef bytes make_connect_request(uint32_t connect_id)
+cdef Py_ssize_t read_token_block(const uint8_t* p, Py_ssize_t n, Py_ssize_t offset, Py_ssize_t* length) noexcept nogil
+cdef bytes make_nonce(int packet_type, uint64_t counter)
+cdef bytes make_connect_request(uint32_t connect_id, bytes token)
 cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac)
-cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms)
-cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms)
+cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms,
+                                 bytes token)
+cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms, int flags)
 cdef bytes make_refuse(uint32_t connect_id, int reason)
 cdef bytes make_disconnect(uint32_t session_id, int reason)

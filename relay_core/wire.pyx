@@ -5,14 +5,18 @@ two together. The cdef functions are the hot path used by peer.pyx; ``decode_pac
 ``encode_packet`` expose the same codecs to Python for test vectors and tooling.
 """
 from libc.string cimport memcpy, memset
-from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 DROP_REASONS = (
     "truncated", "bad_magic", "bad_version", "unknown_type", "bad_length", "unknown_peer",
     "wrong_session", "duplicate_packet", "stale_packet", "bad_cookie", "expired_cookie",
     "not_accepting", "unexpected_packet", "malformed_record", "unknown_record_kind",
     "unknown_channel", "bad_fragment", "message_out_of_window", "message_too_large",
-    "reassembly_full", "bad_block_slice", "block_too_large",
+    "reassembly_full", "bad_block_slice", "block_too_large", "auth_failed", "rate_limited",
+    "bad_token", "path_unvalidated",
 )
 assert len(DROP_REASONS) == DROP_REASON_COUNT
 
@@ -28,12 +32,25 @@ RECORD_KINDS = {RK_MESSAGE: "message", RK_FRAGMENT: "fragment",
 # Disconnect / refusal reason codes carried in REFUSE and DISCONNECT.
 REASONS = {
     0: "closed", 1: "server_full", 2: "shutdown", 3: "kicked", 4: "timeout",
-    5: "protocol_error", 6: "replaced", 7: "resend_limit",
+    5: "protocol_error", 6: "replaced", 7: "resend_limit", 8: "token_invalid", 9: "token_expired",
+    10: "token_used", 11: "token_required", 12: "token_unsupported",
 }
 REASON_CODES = {name: code for code, name in REASONS.items()}
 
 DATA_HEADER_BYTES = DATA_HEADER_SIZE
 MAX_RECORD_LENGTH = MAX_VARINT_LENGTH
+TAG_BYTES = TAG_SIZE
+
+
+def counter_from_seq(largest, int seq):
+    """The packet counter a receiver reconstructs from a 16-bit ``seq``, given the highest
+    counter authenticated so far (None: nothing yet). See docs/PROTOCOL.md, "Packet protection"."""
+    return reconstruct_counter(0 if largest is None else largest, largest is not None, <uint16_t>seq)
+
+
+def packet_nonce(int packet_type, uint64_t counter):
+    """The 12-byte AEAD nonce of a packet type and counter."""
+    return make_nonce(packet_type, counter)
 
 
 def seq_greater_than(int a, int b):
@@ -191,12 +208,41 @@ cdef Py_ssize_t write_block_ack_record(uint8_t* p, uint16_t block_id, uint16_t b
     return 6 + bitfield_length
 
 
-cdef bytes make_connect_request(uint32_t connect_id):
+cdef Py_ssize_t read_token_block(const uint8_t* p, Py_ssize_t n, Py_ssize_t offset, Py_ssize_t* length) noexcept nogil:
+    """The token block at ``offset``: its format (0: none), with the private part's length in
+    ``length``; or -(DropReason + 1) for an unknown format or a length past the datagram."""
+    length[0] = 0
+    if p[offset] == TOKEN_FORMAT_NONE:
+        return TOKEN_FORMAT_NONE
+    if p[offset] != TOKEN_FORMAT_V1 or n - offset < TOKEN_BLOCK_HEADER:
+        return -(DROP_BAD_TOKEN + 1)
+    length[0] = read_u16(p + offset + 1)
+    if length[0] < MIN_TOKEN_SIZE or length[0] > MAX_TOKEN_SIZE or offset + TOKEN_BLOCK_HEADER + length[0] > n:
+        return -(DROP_BAD_TOKEN + 1)
+    return TOKEN_FORMAT_V1
+
+
+cdef bytes make_nonce(int packet_type, uint64_t counter):
+    # Packet type in byte 0 keeps the handshake, DATA and DISCONNECT nonces of one key apart.
+    cdef uint8_t nonce[NONCE_SIZE]
+    memset(nonce, 0, NONCE_SIZE)
+    nonce[0] = <uint8_t>packet_type
+    write_u32(nonce + 4, <uint32_t>(counter & 0xFFFFFFFF))
+    write_u32(nonce + 8, <uint32_t>(counter >> 32))
+    return (<char*>nonce)[:NONCE_SIZE]
+
+
+cdef bytes make_connect_request(uint32_t connect_id, bytes token):
     # Padded so that the CHALLENGE answering it is never larger (no amplification).
-    cdef bytearray out = bytearray(CONNECT_REQUEST_SIZE)
+    cdef Py_ssize_t token_size = len(token) if token else 0
+    cdef bytearray out = bytearray(max(CONNECT_REQUEST_SIZE, 8 + TOKEN_BLOCK_HEADER + token_size))
     cdef uint8_t* p = out
     write_prefix(p, PT_CONNECT_REQUEST)
     write_u32(p + 4, connect_id)
+    if token:
+        p[8] = TOKEN_FORMAT_V1
+        write_u16(p + 9, <uint16_t>token_size)
+        out[8 + TOKEN_BLOCK_HEADER:8 + TOKEN_BLOCK_HEADER + token_size] = token
     return bytes(out)
 
 
@@ -217,21 +263,32 @@ cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac):
     return bytes(_cookie_packet(PT_CHALLENGE, CHALLENGE_SIZE, connect_id, cookie_time, mac))
 
 
-cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms):
-    cdef bytearray out = _cookie_packet(PT_CONNECT_RESPONSE, CONNECT_RESPONSE_SIZE, connect_id,
-                                        cookie_time, mac)
+cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms,
+                                 bytes token):
+    """CONNECT_RESPONSE; with a token, its token block follows and the caller appends the tag."""
+    cdef Py_ssize_t token_size = len(token) if token else 0
+    cdef bytearray out = _cookie_packet(PT_CONNECT_RESPONSE,
+                                        CONNECT_RESPONSE_SIZE + (TOKEN_BLOCK_HEADER + token_size if token else 0),
+                                        connect_id, cookie_time, mac)
     cdef uint8_t* p = out
     write_u16(p + 28, ack_delay_ms)
+    if token:
+        p[30] = TOKEN_FORMAT_V1
+        write_u16(p + 31, <uint16_t>token_size)
+        out[33:33 + token_size] = token
     return bytes(out)
 
 
-cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms):
-    cdef bytearray out = bytearray(ACCEPT_SIZE)
+cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms, int flags):
+    """ACCEPT; with flags >= 0 (token mode) the flags byte follows and the caller appends the tag."""
+    cdef bytearray out = bytearray(ACCEPT_SIZE + (1 if flags >= 0 else 0))
     cdef uint8_t* p = out
     write_prefix(p, PT_ACCEPT)
     write_u32(p + 4, connect_id)
     write_u32(p + 8, session_id)
     write_u16(p + 12, ack_delay_ms)
+    if flags >= 0:
+        p[14] = <uint8_t>flags
     return bytes(out)
 
 
@@ -253,9 +310,7 @@ cdef bytes make_disconnect(uint32_t session_id, int reason):
 
 
 _FIXED_SIZES = {
-    PT_CONNECT_REQUEST: CONNECT_REQUEST_SIZE, PT_CHALLENGE: CHALLENGE_SIZE,
-    PT_CONNECT_RESPONSE: CONNECT_RESPONSE_SIZE, PT_ACCEPT: ACCEPT_SIZE,
-    PT_REFUSE: REFUSE_SIZE, PT_DISCONNECT: DISCONNECT_SIZE,
+    PT_CHALLENGE: CHALLENGE_SIZE, PT_REFUSE: REFUSE_SIZE,
 }
 
 
@@ -267,18 +322,34 @@ class DecodeError(ValueError):
         self.reason = reason
 
 
-def decode_packet(data):
+def seal(bytes key, int packet_type, uint64_t counter, header, plaintext):
+    """ChaCha20-Poly1305 of ``plaintext`` with ``header`` as associated data: ciphertext + tag."""
+    return ChaCha20Poly1305(key).encrypt(make_nonce(packet_type, counter), bytes(plaintext), bytes(header))
+
+
+def unseal(bytes key, int packet_type, uint64_t counter, header, sealed):
+    """Inverse of seal(); raises DecodeError("auth_failed") if the tag does not verify."""
+    try:
+        return ChaCha20Poly1305(key).decrypt(make_nonce(packet_type, counter), bytes(sealed), bytes(header))
+    except InvalidTag:
+        raise DecodeError("auth_failed") from None
+
+
+def decode_packet(data, key=None, counter=None):
     """Decode one datagram into a dict (tooling and test vectors; not the hot path).
 
-    Raises DecodeError(reason) with the same reason names the endpoint counts as drops.
+    Raises DecodeError(reason) with the same reason names the endpoint counts as drops. With
+    ``key`` (the sender's 32-byte session key), a DATA packet or a sealed DISCONNECT is
+    authenticated and decrypted first, with its packet ``counter`` (default: its seq).
     """
-    cdef const uint8_t[:] view = bytes(data)
+    cdef bytes raw = bytes(data)
+    cdef const uint8_t[:] view = raw
     cdef Py_ssize_t n = view.shape[0]
     cdef const uint8_t* p = &view[0] if n else NULL
-    cdef int ptype
+    cdef int ptype, fmt
     cdef DataHeader h
     cdef Record r
-    cdef Py_ssize_t pos, nxt
+    cdef Py_ssize_t pos, nxt, token_length
     if n == 0:
         raise DecodeError("truncated")
     ptype = check_prefix(p, n)
@@ -288,6 +359,14 @@ def decode_packet(data):
     if ptype == PT_DATA:
         if n < DATA_HEADER_SIZE:
             raise DecodeError("truncated")
+        if key is not None:
+            if n < DATA_HEADER_SIZE + TAG_SIZE:
+                raise DecodeError("auth_failed")
+            raw = raw[:DATA_HEADER_SIZE] + unseal(key, PT_DATA, read_u16(p + 8) if counter is None else counter,
+                                                  raw[:DATA_HEADER_SIZE], raw[DATA_HEADER_SIZE:])
+            view = raw
+            n = view.shape[0]
+            p = &view[0]
         read_data_header(p, &h)
         out.update(session_id=h.session_id, seq=h.seq, ack=h.ack, ack_bits=h.ack_bits,
                    send_time=h.send_time, echo_time=h.echo_time)
@@ -313,23 +392,64 @@ def decode_packet(data):
             pos = nxt
         out["records"] = records
         return out
-    if n < _FIXED_SIZES[ptype] or (ptype != PT_CONNECT_REQUEST and n != _FIXED_SIZES[ptype]):
+    if ptype == PT_CONNECT_REQUEST:
+        if n < CONNECT_REQUEST_SIZE:
+            raise DecodeError("bad_length")
+        out["connect_id"] = read_u32(p + 4)
+        fmt = read_token_block(p, n, 8, &token_length)
+        if fmt < 0:
+            raise DecodeError(DROP_REASONS[-fmt - 1])
+        if fmt == TOKEN_FORMAT_V1:
+            out["token"] = raw[8 + TOKEN_BLOCK_HEADER:8 + TOKEN_BLOCK_HEADER + token_length].hex()
+        return out
+    if ptype == PT_CONNECT_RESPONSE:
+        if n < CONNECT_RESPONSE_SIZE:
+            raise DecodeError("bad_length")
+        token_length = -1
+        if n > CONNECT_RESPONSE_SIZE:
+            fmt = read_token_block(p, n, CONNECT_RESPONSE_SIZE, &token_length)
+            if fmt < 0:
+                raise DecodeError(DROP_REASONS[-fmt - 1])
+            if fmt == TOKEN_FORMAT_NONE or n != CONNECT_RESPONSE_SIZE + TOKEN_BLOCK_HEADER + token_length + TAG_SIZE:
+                raise DecodeError("bad_length")
+    elif ptype == PT_ACCEPT:
+        if n != ACCEPT_SIZE and n != ACCEPT_SECURE_SIZE:
+            raise DecodeError("bad_length")
+    elif ptype == PT_DISCONNECT:
+        if n != DISCONNECT_SIZE and n != DISCONNECT_SECURE_SIZE:
+            raise DecodeError("bad_length")
+    elif n != _FIXED_SIZES[ptype]:
         raise DecodeError("bad_length")
-    if ptype in (PT_CONNECT_REQUEST, PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE):
+    if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE):
         out["connect_id"] = read_u32(p + 4)
     if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE):
         out["cookie_time"] = read_u32(p + 8)
         out["cookie_mac"] = bytes(view[12:28]).hex()
         if ptype == PT_CONNECT_RESPONSE:
             out["ack_delay_ms"] = read_u16(p + 28)
+            if token_length >= 0:
+                out["token"] = raw[33:33 + token_length].hex()
+                out["tag"] = raw[n - TAG_SIZE:].hex()
     elif ptype == PT_ACCEPT:
         out["session_id"] = read_u32(p + 8)
         out["ack_delay_ms"] = read_u16(p + 12)
+        if n == ACCEPT_SECURE_SIZE:
+            out["flags"] = p[14]
+            out["tag"] = raw[15:].hex()
     elif ptype == PT_REFUSE:
         out["reason"] = REASONS.get(p[8], p[8])
     elif ptype == PT_DISCONNECT:
         out["session_id"] = read_u32(p + 4)
-        out["reason"] = REASONS.get(p[8], p[8])
+        if n == DISCONNECT_SIZE:
+            out["reason"] = REASONS.get(p[8], p[8])
+        else:
+            out["seq"] = read_u16(p + 8)
+            if key is None:
+                out["sealed_reason"] = raw[10:].hex()
+            else:
+                reason = unseal(key, PT_DISCONNECT, out["seq"] if counter is None else counter,
+                                raw[:10], raw[10:])[0]
+                out["reason"] = REASONS.get(reason, reason)
     return out
 
 
@@ -342,7 +462,7 @@ _FIELD_RANGES = {
     "ack_delay_ms": 0xFFFF, "seq": 0xFFFF, "ack": 0xFFFF, "ack_bits": 0xFFFFFFFF,
     "send_time": 0xFFFF, "echo_time": 0xFFFF, "channel": MAX_CHANNELS - 1, "msg_id": 0xFFFF,
     "fragment_index": 0xFF, "fragment_count": 0xFF, "block_id": 0xFFFF, "slice_index": 0xFFFF,
-    "slice_count": 0xFFFF, "block_size": 0xFFFFFFFF, "base": 0xFFFF,
+    "slice_count": 0xFFFF, "block_size": 0xFFFFFFFF, "base": 0xFFFF, "flags": 0xFF,
 }
 
 
@@ -353,8 +473,23 @@ def _check_ranges(fields):
             raise ValueError(f"{name}={value} does not fit its field (0..{limit})")
 
 
-def encode_packet(packet):
-    """Inverse of decode_packet: build a datagram from its decoded dict.
+def _token_bytes(packet):
+    token = bytes.fromhex(packet["token"])
+    if not MIN_TOKEN_SIZE <= len(token) <= MAX_TOKEN_SIZE:
+        raise ValueError(f"token of {len(token)} bytes: {MIN_TOKEN_SIZE}..{MAX_TOKEN_SIZE}")
+    return token
+
+
+def _tag_bytes(packet):
+    tag = bytes.fromhex(packet["tag"])
+    if len(tag) != TAG_SIZE:
+        raise ValueError(f"tag must be {TAG_SIZE} bytes")
+    return tag
+
+
+def encode_packet(packet, key=None, counter=None):
+    """Inverse of decode_packet: build a datagram from its decoded dict (with ``key`` and
+    ``counter``, a sealed DATA or DISCONNECT packet).
 
     Raises ValueError for a field outside its wire range instead of writing bytes that would
     decode as something else."""
@@ -370,18 +505,39 @@ def encode_packet(packet):
     cdef Py_ssize_t pos
     cdef bytes body
     if ptype == PT_CONNECT_REQUEST:
-        return make_connect_request(packet["connect_id"])
+        return make_connect_request(packet["connect_id"], _token_bytes(packet) if "token" in packet else None)
     if ptype == PT_CHALLENGE:
         return make_challenge(packet["connect_id"], packet["cookie_time"], bytes.fromhex(packet["cookie_mac"]))
     if ptype == PT_CONNECT_RESPONSE:
+        if "token" in packet:
+            return make_connect_response(packet["connect_id"], packet["cookie_time"],
+                                         bytes.fromhex(packet["cookie_mac"]), packet["ack_delay_ms"],
+                                         _token_bytes(packet)) + _tag_bytes(packet)
         return make_connect_response(packet["connect_id"], packet["cookie_time"],
-                                     bytes.fromhex(packet["cookie_mac"]), packet["ack_delay_ms"])
+                                     bytes.fromhex(packet["cookie_mac"]), packet["ack_delay_ms"], None)
     if ptype == PT_ACCEPT:
-        return make_accept(packet["connect_id"], packet["session_id"], packet["ack_delay_ms"])
+        if "flags" in packet:
+            return make_accept(packet["connect_id"], packet["session_id"], packet["ack_delay_ms"],
+                               packet["flags"]) + _tag_bytes(packet)
+        return make_accept(packet["connect_id"], packet["session_id"], packet["ack_delay_ms"], -1)
     if ptype == PT_REFUSE:
         return make_refuse(packet["connect_id"], _reason_code(packet["reason"]))
     if ptype == PT_DISCONNECT:
-        return make_disconnect(packet["session_id"], _reason_code(packet["reason"]))
+        if "seq" not in packet:
+            return make_disconnect(packet["session_id"], _reason_code(packet["reason"]))
+        buf = bytearray(10)
+        p = buf
+        write_prefix(p, PT_DISCONNECT)
+        write_u32(p + 4, packet["session_id"])
+        write_u16(p + 8, packet["seq"])
+        if key is None:
+            sealed = bytes.fromhex(packet["sealed_reason"])
+            if len(sealed) != 1 + TAG_SIZE:
+                raise ValueError(f"sealed_reason must be {1 + TAG_SIZE} bytes")
+        else:
+            sealed = seal(key, PT_DISCONNECT, packet["seq"] if counter is None else counter, buf,
+                          bytes([_reason_code(packet["reason"])]))
+        return bytes(buf) + sealed
     h.session_id = packet["session_id"]
     h.seq = packet["seq"]
     h.ack = packet["ack"]
@@ -411,4 +567,7 @@ def encode_packet(packet):
             pos += write_block_ack_record(p + pos, rec["block_id"], rec["base"], body, len(body))
         else:
             raise ValueError(f"unknown record kind {kind!r}")
+    if key is not None:
+        return bytes(buf[:DATA_HEADER_SIZE]) + seal(key, PT_DATA, packet["seq"] if counter is None else counter,
+                                                    buf[:DATA_HEADER_SIZE], buf[DATA_HEADER_SIZE:pos])
     return bytes(buf[:pos])
