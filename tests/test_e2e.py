@@ -169,7 +169,8 @@ def test_checksum_mismatch_is_reported_to_the_room_and_counted(tmp_path):
                 player.client.report_checksum(5, value)
             await asyncio.gather(*[p.play_until(40, 5) for p in players])
             for player in players:
-                assert player.client.desyncs == [[5, {"ann": 1234, "ben": 1234, "cat": 9999}, ["cat"]]]
+                assert player.client.desyncs == [[5, {"ann": 1234, "ben": 1234, "cat": 9999}, ["cat"],
+                                                  "minority", [["ann", "ben"], ["cat"]]]]
             metrics = server.metrics.render()[0].decode()
             assert "relay_desyncs_total 1.0" in metrics
 
