@@ -35,6 +35,7 @@ from relay.transport import EndpointDriver, open_driver
 from relay_core import (
     BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected, PeerDisconnected,
 )
+from relay_core.token import ConnectToken
 
 
 class RelayError(Exception):
@@ -43,6 +44,27 @@ class RelayError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
+
+
+HANDSHAKE_REFUSALS = {
+    "server_full": "the relay has its maximum of connected clients",
+    "token_invalid": "the connect token was not minted with a key this relay has, or was altered",
+    "token_expired": "the connect token has expired; ask the game backend for a new one",
+    "token_used": "the connect token was used already (tokens are single-use); ask the game "
+                  "backend for a new one",
+    "token_required": "this relay admits only clients with a connect token (token mode)",
+    "token_unsupported": "this relay runs in open mode and takes no connect tokens",
+}
+"""Why the relay may refuse a connection during the handshake (PeerDisconnected "refused:X")."""
+
+
+def _disconnect_error(reason: str) -> RelayError:
+    """The RelayError for a PeerDisconnected reason: a handshake refusal gets its own code."""
+    if reason.startswith("refused:"):
+        code = reason[len("refused:"):]
+        return RelayError(code, "the relay refused the connection: "
+                          + HANDSHAKE_REFUSALS.get(code, code))
+    return RelayError("disconnected", reason)
 
 
 @dataclass
@@ -78,13 +100,19 @@ class InputDelayAdvice:
 
 
 class RelayClient:
-    def __init__(self, host: str, port: int, room: str, player: str, spectator: bool = False,
+    def __init__(self, host: str, port: int, room: Optional[str] = None,
+                 player: Optional[str] = None, spectator: bool = False,
                  config: Optional[EndpointConfig] = None, input_delay: int = 2,
-                 auto_input_delay: bool = False):
+                 auto_input_delay: bool = False, token: "ConnectToken | str | None" = None):
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         self.server_address = address[:2]
-        self.room = room
-        self.player = player
+        self.token = self._check_token(token)
+        """The connect token of the next connection (a token-mode relay needs one, single-use)."""
+        # A token names its room and player; the relay refuses a JOIN naming others.
+        self.room = room if room is not None else (self.token.room if self.token else None)
+        self.player = player if player is not None else (self.token.player if self.token else None)
+        if self.room is None or self.player is None:
+            raise ValueError("room and player are required (or a token, which names them)")
         self.spectator = spectator
         self.config = config or client_config()
         self.welcome: Optional[Welcome] = None
@@ -123,14 +151,28 @@ class RelayClient:
     # -- connecting -------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, host: str, port: int, room: str, player: str, spectator: bool = False,
+    async def connect(cls, host: str, port: int, room: Optional[str] = None,
+                      player: Optional[str] = None, spectator: bool = False,
                       timeout: float = 5.0, config: Optional[EndpointConfig] = None,
-                      input_delay: int = 2, auto_input_delay: bool = False) -> "RelayClient":
-        """Connect and join; returns once the relay has welcomed us (raises RelayError if not)."""
+                      input_delay: int = 2, auto_input_delay: bool = False,
+                      token: "ConnectToken | str | None" = None) -> "RelayClient":
+        """Connect and join; returns once the relay has welcomed us (raises RelayError if not:
+        its ``code`` is the relay's reason, e.g. room_full, token_expired, wrong_room).
+
+        ``token``: the connect token from the game backend (``ConnectToken`` or its text), for
+        a relay in token mode; room and player default to the token's."""
         client = cls(host, port, room, player, spectator, config, input_delay=input_delay,
-                     auto_input_delay=auto_input_delay)
+                     auto_input_delay=auto_input_delay, token=token)
         await client._open(timeout)
         return client
+
+    @staticmethod
+    def _check_token(token: "ConnectToken | str | None") -> "Optional[ConnectToken]":
+        if token is None or isinstance(token, ConnectToken):
+            return token
+        if isinstance(token, str):
+            return ConnectToken.decode(token)       # TokenError (a ValueError) if garbled
+        raise TypeError(f"token: a ConnectToken, its text or None, not {type(token).__name__}")
 
     async def _open(self, timeout: float) -> None:
         self.endpoint = Endpoint(self.config)
@@ -138,7 +180,7 @@ class RelayClient:
         family_host = "::" if ":" in self.server_address[0] else "0.0.0.0"
         self.driver = await open_driver(self.endpoint, (family_host, 0), self._on_events)
         self._ready.clear()
-        self.peer_id = self.endpoint.connect(self.server_address, self.driver.now())
+        self.peer_id = self.endpoint.connect(self.server_address, self.driver.now(), token=self.token)
         self.endpoint.send(self.peer_id, CONTROL, Join(self.room, self.player, self.spectator).encode())
         self.driver.flush()
         try:
@@ -157,10 +199,13 @@ class RelayClient:
             self.driver.flush()
         self.driver.close()
 
-    async def reconnect(self, timeout: float = 5.0) -> None:
+    async def reconnect(self, timeout: float = 5.0,
+                        token: "ConnectToken | str | None" = None) -> None:
         """Drop this connection (as a network change would) and rejoin with the same player
         from a new socket. The relay gives the slot back; frames() resumes without gap or
-        duplicate."""
+        duplicate. A token-mode relay needs a fresh ``token`` (tokens are single-use)."""
+        if token is not None:
+            self.token = self._check_token(token)
         if self.driver is not None:
             self.driver.close()
         self._error = None
@@ -304,7 +349,7 @@ class RelayClient:
                 self._on_history(event.data)
             elif kind is PeerDisconnected:
                 if self._error is None:
-                    self._error = RelayError("disconnected", event.reason)
+                    self._error = _disconnect_error(event.reason)
                 self._ready.set()
                 self._frame_ready.set()
                 self._state_changed.set()

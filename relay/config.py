@@ -296,10 +296,11 @@ class SecuritySettings:
     encrypt_packets: bool = True
     """Token mode: encrypt and authenticate every session packet (false: tokens authorize the
     handshake only)."""
-    handshake_rate: float = 50.0
-    """Handshake packets accepted per second from one source address (a NAT may hide many
-    players behind one address); the rest are dropped as rate_limited."""
-    handshake_burst: int = 100
+    handshake_rate: float = 100.0
+    """Handshake packets accepted per second from one source address (a connecting client
+    sends about 10 per second while it retries; a NAT may hide many players behind one
+    address); the rest are dropped as rate_limited. 0: unlimited."""
+    handshake_burst: int = 200
     """Handshake packets one source address may send at once before handshake_rate applies."""
     admin_token: str = ""
     """Bearer token of the admin API; required when server.http_host is not loopback. Prefer
@@ -310,7 +311,8 @@ class SecuritySettings:
     def validate(self) -> None:
         _check_choice("security.mode", self.mode, SECURITY_MODES)
         _check_range("security.mint_key_id", self.mint_key_id, -1, MAX_KEY_ID)
-        _check_range("security.handshake_rate", self.handshake_rate, 0.1, 1_000_000.0)
+        if self.handshake_rate != 0:
+            _check_range("security.handshake_rate", self.handshake_rate, 0.1, 1_000_000.0)
         _check_range("security.handshake_burst", self.handshake_burst, 1, 1_000_000)
         keys = self.load_keys()
         if self.mint_key_id >= 0 and self.mint_key_id not in keys:

@@ -43,7 +43,8 @@ JOIN_REFUSAL_REASONS = ("room_full", "spectators_full", "too_many_rooms", "unkno
                         "draining", "running", "room_ended", "slot_expired", "already_joined",
                         "wrong_room", "wrong_player")
 """The usual refusal reasons, created at zero; any other reason gets its series when it happens."""
-HANDSHAKE_REFUSAL_REASONS = ("server_full", "token_invalid", "token_expired", "token_used")
+HANDSHAKE_REFUSAL_REASONS = ("server_full", "token_invalid", "token_expired", "token_used",
+                             "token_required", "token_unsupported")
 ADMIN_AUTH_FAILURES = ("missing", "malformed", "wrong")
 REPLAY_DISK_ACTIONS = ("deleted", "stopped", "not_recorded")
 

@@ -32,6 +32,7 @@ from relay_core import (
     BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
     PeerDisconnected,
 )
+from relay_core.token import TokenClaims
 
 ROOM_OPTIONS = {"capacity", "start_policy", "start_players"}
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -62,6 +63,7 @@ class LimitLog:
 def endpoint_config(config: RelayConfig) -> EndpointConfig:
     rooms = config.rooms
     server = config.server
+    security = config.security
     # max_pending is a local send-queue bound: the two ends need not agree on it.
     channels = tuple(dataclasses.replace(channel, max_pending=server.max_pending_messages)
                      for channel in protocol.endpoint_channels())
@@ -84,6 +86,11 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         max_block_size=32 * 1024 * 1024,
         reassembly_limit=server.reassembly_limit,
         block_memory_limit=server.block_memory_limit,
+        # Token mode: every connection needs a connect token (docs/SECURITY.md).
+        token_keys=security.load_keys() if config.security_mode == "token" else None,
+        encrypt_packets=security.encrypt_packets,
+        handshake_rate=security.handshake_rate or None,
+        handshake_burst=security.handshake_burst,
     )
 
 
@@ -102,6 +109,8 @@ class RelayServer:
         self.agones = AgonesClient(config.agones)      # does nothing unless agones.enabled
         self.rooms: dict[str, Room] = {}
         self.peer_room: dict[int, str] = {}
+        self.peer_claims: dict[int, TokenClaims] = {}
+        """Token mode: who each connection's token says it is (room, player)."""
         self.replays: dict[str, ReplayWriter] = {}
         self.notified: dict[int, set[str]] = {}
         self.draining = False
@@ -217,7 +226,10 @@ class RelayServer:
             if kind is MessageReceived:
                 self._on_message(event.peer_id, event.channel, event.payload, now)
             elif kind is PeerConnected:
-                self.log.debug("peer_connected", peer=event.peer_id, address=str(event.address))
+                if event.claims is not None:
+                    self.peer_claims[event.peer_id] = event.claims
+                self.log.debug("peer_connected", peer=event.peer_id, address=str(event.address),
+                               player=event.claims.player if event.claims else None)
             elif kind is PeerDisconnected:
                 self._on_disconnect(event.peer_id, event.reason, now)
             elif kind is BlockDelivered:
@@ -230,6 +242,7 @@ class RelayServer:
 
     def _on_disconnect(self, peer_id: int, reason: str, now: float) -> None:
         self.notified.pop(peer_id, None)
+        self.peer_claims.pop(peer_id, None)
         room = self._room_of(peer_id)
         self.peer_room.pop(peer_id, None)
         if room is not None:
@@ -281,6 +294,17 @@ class RelayServer:
             self._refuse(peer_id, "already_joined", f"this connection is already in room "
                                                     f"{self.peer_room[peer_id]}")
             return
+        claims = self.peer_claims.get(peer_id)
+        if claims is not None:
+            # The token, not the JOIN, says who this is and where it may go.
+            if join.room != claims.room:
+                self._refuse(peer_id, "wrong_room", f"the connect token is for room {claims.room}, "
+                                                    f"not {join.room}")
+                return
+            if join.player != claims.player:
+                self._refuse(peer_id, "wrong_player", f"the connect token is for player "
+                                                      f"{claims.player}, not {join.player}")
+                return
         room = self.rooms.get(join.room)
         if self.draining and not (room is not None and room.state == RUNNING
                                   and room.has_player(join.player)):
