@@ -4,6 +4,9 @@ Each bot sends a 16-byte input for frame N + input_delay whenever it receives fr
 lockstep client schedules its inputs), checks that frames arrive once, in order and without
 gaps, and that every bot in a room sees byte-identical frames. Input-to-frame latency is the
 time from sending the input for frame M to receiving frame M.
+
+Against a token-mode relay, give the bots a key (--key, --key-file or --config): each bot then
+mints its own connect token, as the game backend would for a player.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from relay.client import RelayClient, RelayError
+from relay_core.token import ConnectToken, mint_token
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -43,6 +47,18 @@ class BotReport:
     error: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class TokenMinter:
+    """Mints each bot a connect token for its room and name, playing the game backend."""
+
+    key_id: int
+    key: bytes = field(repr=False)
+    ttl: float = 30.0
+
+    def __call__(self, room: str, player: str) -> ConnectToken:
+        return mint_token(self.key, self.key_id, room, player, self.ttl)
+
+
 class RoomLedger:
     """What the first bot saw for each frame of a room; later bots compare against it."""
 
@@ -55,10 +71,12 @@ class RoomLedger:
 
 
 async def run_bot(host: str, port: int, room: str, player: str, ledger: RoomLedger,
-                  deadline: float, input_delay: int, start_timeout: float) -> BotReport:
+                  deadline: float, input_delay: int, start_timeout: float,
+                  minter: Optional[TokenMinter] = None) -> BotReport:
     report = BotReport(room, player)
     try:
-        client = await RelayClient.connect(host, port, room, player, timeout=start_timeout)
+        client = await RelayClient.connect(host, port, room, player, timeout=start_timeout,
+                                           token=minter(room, player) if minter else None)
     except RelayError as error:
         report.error = str(error)
         return report
@@ -147,7 +165,8 @@ def summarize(reports: list[BotReport], seconds: float) -> dict:
 
 
 async def run_bots(host: str, port: int, rooms: int, players: int, seconds: float,
-                   input_delay: int = 2, room_prefix: str = "bots", start_timeout: float = 10.0) -> dict:
+                   input_delay: int = 2, room_prefix: str = "bots", start_timeout: float = 10.0,
+                   minter: Optional[TokenMinter] = None) -> dict:
     loop = asyncio.get_running_loop()
     run_id = f"{int(time.time() * 1000) % 10**8}"
     deadline = loop.time() + seconds
@@ -157,7 +176,7 @@ async def run_bots(host: str, port: int, rooms: int, players: int, seconds: floa
         room = f"{room_prefix}-{run_id}-{r}"
         for p in range(players):
             tasks.append(run_bot(host, port, room, f"bot{p}", ledger, deadline, input_delay,
-                                 start_timeout))
+                                 start_timeout, minter))
     reports = await asyncio.gather(*tasks)
     return summarize(list(reports), seconds)
 
@@ -172,6 +191,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="frames between receiving frame N and the frame an input is for")
     parser.add_argument("--room-prefix", default="bots")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    tokens = parser.add_argument_group(
+        "token mode", "give a key and every bot mints its own connect token (as a game backend "
+                      "would); the relay must have the same key")
+    tokens.add_argument("--key", action="append", metavar="ID:BASE64KEY", help="a key (repeatable)")
+    tokens.add_argument("--key-file", help='TOML file of ID = "BASE64KEY" lines')
+    tokens.add_argument("--config", help="relay TOML settings holding the keys ([security])")
+    tokens.add_argument("--key-id", type=int, help="key to mint with (default: the highest id, "
+                                                   "or security.mint_key_id)")
+    tokens.add_argument("--token-ttl", type=float, default=30.0,
+                        help="seconds each token stays valid (default 30)")
 
 
 def format_summary(summary: dict) -> str:
@@ -193,11 +222,27 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("relay bot: --rooms, --players, --input-delay must be >= 1 and --seconds > 0",
               file=sys.stderr)
         return 2
+    minter = None
+    if args.key or args.key_file or args.config:
+        from relay.cli import token_keys_from_args
+        from relay.config import ConfigError
+
+        try:
+            keys, key_id = token_keys_from_args(args)
+        except ConfigError as error:
+            print(f"relay bot: {error}", file=sys.stderr)
+            return 2
+        key_id = key_id if args.key_id is None else args.key_id
+        if key_id not in keys or not args.token_ttl > 0:
+            print(f"relay bot: --key-id {key_id}: no such key" if key_id not in keys
+                  else "relay bot: --token-ttl must be > 0", file=sys.stderr)
+            return 2
+        minter = TokenMinter(key_id, keys[key_id], args.token_ttl)
     import uvloop
 
     host, port = args.server
     summary = uvloop.run(run_bots(host, port, args.rooms, args.players, args.seconds,
-                                  args.input_delay, args.room_prefix))
+                                  args.input_delay, args.room_prefix, minter=minter))
     print(json.dumps(summary) if args.json else format_summary(summary))
     ok = not (summary["gaps"] or summary["duplicates"] or summary["mismatches"] or summary["errors"])
     return 0 if ok else 1
