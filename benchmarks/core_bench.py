@@ -8,6 +8,9 @@ paced: ticks run back to back as fast as the machine allows.
 
   1. direct   no loss; once per tick every endpoint runs handle_timeout + datagrams_to_send and
               each datagram is handed straight to its receiver at the same simulated time.
+  1s. sealed  as 1, in token mode: every DATA packet sealed with ChaCha20-Poly1305 (the same
+              room, clients connecting with connect tokens); prints datagrams/s of both and the
+              ratio sealed / open.
   2. lossy    every datagram through relay_core.simlink.LossyLink (10% loss, 20 ms +-10 ms per
               direction, seeded) on a 1 ms simulated grid; at the end every frame and input must
               have been delivered exactly once and in order (PASS/FAIL, exit status 1 on FAIL).
@@ -47,6 +50,7 @@ from relay_core import (  # noqa: E402
 )
 from relay_core import endpoint as _endpoint_module  # noqa: E402
 from relay_core.simlink import LinkProfile, LossyLink  # noqa: E402
+from relay_core.token import mint_token  # noqa: E402
 
 from benchmarks.machine import cpu_model, usable_cores  # noqa: E402
 
@@ -109,15 +113,20 @@ def client_address(i: int) -> tuple:
 class Room:
     """A server and ``players`` clients, handshake done in memory (no loss, 1 ms steps)."""
 
-    def __init__(self, players: int, seed: int, ack_delay: float):
+    def __init__(self, players: int, seed: int, ack_delay: float, sealed: bool = False):
         self.players = players
-        self.server = Endpoint(EndpointConfig(accept_connections=True, seed=seed, ack_delay=ack_delay))
+        # sealed: token mode, every DATA packet sealed (the default encrypt_packets=True)
+        keys = {1: bytes(range(32))} if sealed else None
+        self.server = Endpoint(EndpointConfig(accept_connections=True, seed=seed, ack_delay=ack_delay,
+                                              token_keys=keys), unix_offset=0.0)
         self.clients = [Endpoint(EndpointConfig(seed=seed + 1 + i, ack_delay=ack_delay))
                         for i in range(players)]
         self.addresses = [client_address(i) for i in range(players)]
         self.index_of = {address: i for i, address in enumerate(self.addresses)}
         self.now = 0.0
-        self.to_server = [c.connect(SERVER_ADDRESS, self.now) for c in self.clients]
+        tokens = [mint_token(keys[1], 1, "bench", f"p{i}", 3600.0, now=0.0) if sealed else None
+                  for i in range(players)]
+        self.to_server = [c.connect(SERVER_ADDRESS, self.now, t) for c, t in zip(self.clients, tokens)]
         self.on_server = [0] * players      # server-side peer id of client i
         self._handshake()
         self.tick_base = self.now + 0.001  # simulated time of tick 0 in the direct scenario
@@ -774,6 +783,38 @@ def main(argv=None) -> int:
     results["direct"] = direct
     print()
 
+    # -- 1s: direct, sealed
+    print(f"1s. sealed: as 1, in token mode: every DATA packet sealed with ChaCha20-Poly1305 "
+          f"(16 B tag), keys from connect tokens")
+    room = Room(args.players, args.seed, args.ack_delay, sealed=True)
+    assert room.server.session_info(room.on_server[0])["encrypted"]
+    checker = Checker(args.players)
+    state = run_direct(room, checker, 0, WARMUP_TICKS, 0, None)
+    timer = Timer()
+    counts = run_direct(room, checker, state["next_tick"], args.ticks, args.seconds, timer)
+    sent = counts["next_tick"]
+    problems = checker.verify(sent, sent)
+    processed = counts["encoded"] + counts["decoded"]
+    sealed = {"ticks": counts["ticks"], "wall_s": timer.wall, "cpu_s": timer.cpu,
+              "packets_processed_per_s": processed / timer.wall,
+              "us_per_packet": 1e6 * timer.wall / processed,
+              "chunk_processed_per_s": timer.spread(),
+              "ratio_to_open": (processed / timer.wall) / direct["packets_processed_per_s"],
+              "verify": problems}
+    spread = sealed["chunk_processed_per_s"]
+    print(f"  ticks run           {counts['ticks']:,}  wall {timer.wall:.2f} s  cpu {timer.cpu:.2f} s")
+    print(f"  datagrams/s         open {k_(direct['packets_processed_per_s'])}  "
+          f"sealed {k_(sealed['packets_processed_per_s'])}  "
+          f"(sealed/open = {sealed['ratio_to_open']:.2f}; {sealed['us_per_packet']:.2f} vs "
+          f"{direct['us_per_packet']:.2f} us per datagram sent or received)   "
+          f"[{spread['chunks']} chunks: min {k_(spread['min'])} / median {k_(spread['median'])} "
+          f"/ max {k_(spread['max'])}]")
+    print(f"  check               {'PASS' if not problems else 'FAIL'}: every frame and input "
+          f"delivered exactly once, in order ({sent:,} ticks incl. warm-up)")
+    failed |= bool(problems)
+    results["sealed"] = sealed
+    print()
+
     # -- 2: lossy
     profile = LinkProfile(loss=0.10, delay=0.010, jitter=0.020)
     print(f"2. lossy: same room, every datagram through LossyLink: {profile.loss:.0%} loss, "
@@ -833,6 +874,10 @@ def main(argv=None) -> int:
                f"redundant {res['peer_stats']['down']['redundant_bytes'] + res['peer_stats']['up']['redundant_bytes']:,} B"
                f", {'PASS' if not res['verify'] else 'FAIL'}")
             + f" [{tag}]")
+    lines.append(f"core_bench sealed (no loss, token mode): {k_(sealed['packets_processed_per_s'])} "
+                 f"datagrams/s processed ({sealed['us_per_packet']:.2f} us/datagram), "
+                 f"{sealed['ratio_to_open']:.2f}x the open-mode rate, "
+                 f"{'PASS' if not sealed['verify'] else 'FAIL'} [{tag}]")
     results["summary"] = lines
     print("3. summary")
     for line in lines:

@@ -6,7 +6,8 @@ Vector files hold {"description": ..., "vectors": [...]}. A valid vector has ``h
 the same bytes back (a field a receiver ignores), ``encoded_hex``. A malformed vector has ``hex``
 and ``reason`` (``DecodeError.reason``). Every vector has ``server_drop``: the drop reason a
 fresh accepting server counts for it (null: none), and optionally ``server_reply``: the type of
-the one datagram it answers with.
+the one datagram it answers with. A sealed vector (token mode) also has ``key`` and ``counter``,
+which decode_packet and encode_packet take to open and seal it.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from relay_core import (
     ChannelConfig, Endpoint, EndpointConfig, PeerStats, MessageReceived, events as events_module,
 )
 from relay_core.simlink import LinkedPair, LinkProfile
+from relay_core.token import mint_token, open_token
 from relay_core.wire import DROP_REASONS, PACKET_TYPES, REASONS, RECORD_KINDS, DecodeError, decode_packet, encode_packet
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -49,8 +51,14 @@ def _ids(vectors):
     return [v["name"] for v in vectors]
 
 
+def _keys(vector):
+    if "key" not in vector:
+        return {}
+    return {"key": bytes.fromhex(vector["key"]), "counter": vector["counter"]}
+
+
 def test_vector_files_are_well_formed():
-    assert {"handshake", "data", "malformed"} <= {stem for stem, _ in ALL}
+    assert {"handshake", "data", "malformed", "secure"} <= {stem for stem, _ in ALL}
     names = [v["name"] for _, v in ALL]
     assert len(names) == len(set(names)), "vector names must be unique"
     for _, vector in ALL:
@@ -63,13 +71,13 @@ def test_vector_files_are_well_formed():
 
 @pytest.mark.parametrize("vector", VALID, ids=_ids(VALID))
 def test_decode(vector):
-    assert decode_packet(bytes.fromhex(vector["hex"])) == vector["decoded"]
+    assert decode_packet(bytes.fromhex(vector["hex"]), **_keys(vector)) == vector["decoded"]
 
 
 @pytest.mark.parametrize("vector", VALID, ids=_ids(VALID))
 def test_encode(vector):
     expected = bytes.fromhex(vector.get("encoded_hex", vector["hex"]))
-    assert encode_packet(vector["decoded"]) == expected
+    assert encode_packet(vector["decoded"], **_keys(vector)) == expected
 
 
 @pytest.mark.parametrize("vector", [v for v in VALID if "encoded_hex" in v],
@@ -99,8 +107,10 @@ def test_vectors_cover_the_protocol():
     assert any(d["seq"] == 0 and d["ack"] > d["seq"] for d in data), "just past the wrap"
     assert {v["reason"] for v in MALFORMED} == {
         "truncated", "bad_magic", "bad_version", "unknown_type", "bad_length", "malformed_record",
-        "unknown_record_kind", "bad_fragment", "bad_block_slice",
+        "unknown_record_kind", "bad_fragment", "bad_block_slice", "bad_token",
     }
+    secure = {v["decoded"]["type"] for v in VALID if "token" in v["decoded"] or "tag" in v["decoded"] or "key" in v}
+    assert {"connect_request", "connect_response", "accept", "data", "disconnect"} <= secure
 
 
 # -- the endpoint never raises, and drops or answers as listed ------------------------------------
@@ -135,10 +145,46 @@ def test_connected_endpoints_never_raise(vector):
     pair.run(0.05)
     # None of the vectors carries this connection's ids, so each side drops it (or, for a
     # CONNECT_REQUEST, the server answers statelessly) and the connection carries on.
-    assert sum(pair.server.drops.values()) >= 1 or vector.get("server_reply") == "challenge"
+    assert sum(pair.server.drops.values()) >= 1 or vector.get("server_reply") in ("challenge", "refuse")
     assert sum(pair.client.drops.values()) >= 1
     assert pair.server.is_connected(pair.server_peer) and pair.client.is_connected(pair.client_peer)
     assert [e.payload for e in pair.server_events if isinstance(e, MessageReceived)] == [b"still here"]
+
+
+# -- token mode: the secure vectors are what seeded endpoints produce ----------------------------
+
+def test_secure_vectors_are_reproduced_by_the_token_and_seeded_endpoints():
+    document = json.loads((VECTOR_DIR / "secure.json").read_text())
+    t, e = document["token"], document["endpoints"]
+    counter = iter(range(1000))
+    token = mint_token(bytes.fromhex(t["server_key"]), t["key_id"], t["room"], t["player"], t["ttl"],
+                       now=t["now"], user_data=bytes.fromhex(t["user_data"]),
+                       random_bytes=lambda n: bytes(next(counter) & 0xFF for _ in range(n)))
+    assert token.private.hex() == t["private"] and token.encode() == t["text"]
+    assert token.client_key.hex() == t["client_key"] and token.server_key.hex() == t["server_key_session"]
+    claims = open_token({t["key_id"]: bytes.fromhex(t["server_key"])}, token.private, t["now"] + 1)
+    assert (claims.room, claims.player, claims.user_data) == (t["room"], t["player"], b"team=red")
+
+    hexes = {v["name"]: v["hex"] for v in document["vectors"]}
+    keys = {t["key_id"]: bytes.fromhex(t["server_key"])}
+    server = Endpoint(EndpointConfig(accept_connections=True, seed=e["server_seed"], token_keys=keys),
+                      unix_offset=e["unix_offset"])
+    client = Endpoint(EndpointConfig(seed=e["client_seed"]), unix_offset=e["unix_offset"])
+    client_address, server_address = tuple(e["client_address"]), tuple(e["server_address"])
+    peer = client.connect(server_address, 0.0, token)
+    exchange = []
+    for sender, receiver, to in ((client, server, client_address), (server, client, server_address)) * 2:
+        (datagram, _), = sender.datagrams_to_send(0.0)
+        exchange.append(datagram.hex())
+        receiver.receive(datagram, to, 0.0)
+    assert exchange == [hexes["secure_connect_request"], hexes["secure_challenge"],
+                        hexes["secure_connect_response"], hexes["secure_accept"]]
+    assert client.is_connected(peer)
+    client.send(peer, 0, b"hello")
+    (datagram, _), = client.datagrams_to_send(e["data_now"])
+    assert datagram.hex() == hexes["secure_data"]
+    server.receive(datagram, client_address, e["data_now"])
+    assert [ev.payload for ev in iter(server.next_event, None) if isinstance(ev, MessageReceived)] == [b"hello"]
 
 
 # -- live traffic goes through the same codec ---------------------------------------------------
