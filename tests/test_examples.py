@@ -178,10 +178,14 @@ def test_protocol_doc_worked_examples():
     from relay_core import decode_packet
 
     examples = _doc_examples()
-    assert set(examples) == {"frame", "input", "input-datagram", "history"}
+    assert set(examples) == {"frame", "frame-next", "input", "input-datagram", "history"}
     frame = protocol.Frame(1000, [b"\x01\xff", None, b"\x00\x01"], [["join", 2, "carol"]]).encode()
     message = protocol.Input(1002, b"\x01\xff", 1000).encode()
-    assert examples["frame"] == (frame, 29)
+    assert examples["frame"] == (frame, 21)
+    following = protocol.Frame(1001, [b"\x01\xff", b"\x00\x00", b"\x00\x02"], [], [1])
+    assert examples["frame-next"] == (following.encode([b"\x01\xff", None, b"\x00\x01"]), 14)
+    assert protocol.decode_frame(examples["frame-next"][0],
+                                 [b"\x01\xff", None, b"\x00\x01"]) == following
     assert examples["input"] == (message, 12)
     assert protocol.decode_relay_message(frame) == protocol.Frame(
         1000, [b"\x01\xff", None, b"\x00\x01"], [["join", 2, "carol"]])
