@@ -58,24 +58,14 @@ ROOM_SIZE = 8
 LOST_TOLERANCE_FRAMES = 3
 """Frames a player may be short in a window before the shortfall counts as lost (window edges)."""
 
-_FRAME_HEAD = bytes([0x94, protocol.FRAME])      # msgpack fixarray(4), FRAME
-
 
 def frame_number(payload: bytes) -> int:
-    """The frame number of a FRAME message, read from its msgpack header (no full decode);
-    -1 if ``payload`` is not a FRAME."""
-    if payload[:2] != _FRAME_HEAD:
+    """The frame number of a FRAME message, read from its header (no full decode: compact
+    frames refer to their predecessor); -1 if ``payload`` is not a FRAME."""
+    try:
+        return protocol.frame_number(payload)
+    except protocol.ProtocolError:
         return -1
-    b = payload[2]
-    if b < 0x80:
-        return b
-    if b == 0xCC:
-        return payload[3]
-    if b == 0xCD:
-        return (payload[3] << 8) | payload[4]
-    if b == 0xCE:
-        return int.from_bytes(payload[3:7], "big")
-    return -1
 
 
 def _batchio():
@@ -318,10 +308,7 @@ class LoadGen:
     def _on_frame(self, player: Player, payload: bytes, now: float) -> None:
         number = frame_number(payload)
         if number < 0:
-            try:
-                number = protocol.decode_relay_message(payload).number
-            except Exception:
-                return
+            return
         last = player.last
         if number <= last:
             player.duplicates += 1
@@ -341,8 +328,10 @@ class LoadGen:
             if expected is not None:
                 player.inputs_checked += 1
                 try:
-                    inputs = msgpack.unpackb(payload, raw=False)[2]
-                except Exception:
+                    # Every payload names its frame, so no input repeats the previous frame's
+                    # and a sampled frame decodes on its own.
+                    inputs = protocol.decode_frame(payload).inputs
+                except protocol.ProtocolError:
                     inputs = []
                 if not (0 <= player.slot < len(inputs) and inputs[player.slot] == expected):
                     player.inputs_missing += 1
