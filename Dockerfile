@@ -3,10 +3,17 @@
 # relay: frame-sync (lockstep) relay server.
 #
 #   docker build -t relay .
-#   docker run --rm --stop-timeout 40 -p 7777:7777/udp -p 127.0.0.1:9100:9100 -v relay-replays:/var/lib/relay/replays relay
+#   relay token keygen > keys.toml; openssl rand -hex 32 > admin-token     # once; secrets
+#   docker run --rm --stop-timeout 40 -p 7777:7777/udp -p 127.0.0.1:9100:9100 \
+#       -v relay-replays:/var/lib/relay/replays \
+#       -v "$PWD/keys.toml:/run/secrets/relay_keys:ro" -v "$PWD/admin-token:/run/secrets/relay_admin_token:ro" \
+#       -e RELAY_SECURITY_KEYS_FILE=/run/secrets/relay_keys \
+#       -e RELAY_SECURITY_ADMIN_TOKEN_FILE=/run/secrets/relay_admin_token relay
 #
-# Port 9100 serves /health, /ready, /metrics AND the admin API, which has no authentication
-# yet: publish it only on a trusted interface (as above) or an internal network.
+# The image serves players (UDP on 0.0.0.0), so it runs in token mode: it needs token keys and,
+# its HTTP side listening beyond loopback, an admin token; without them it exits 2 saying what
+# to set (docs/SECURITY.md). No secret is baked into the image. Port 9100 serves /health,
+# /ready, /metrics (open) and the admin API (bearer token): publish it on a trusted interface.
 # Settings: RELAY_<SECTION>_<KEY> variables (e.g. -e RELAY_SERVER_TICK_RATE=60), or mount a TOML
 # file and run `serve --config /path/relay.toml`.
 # tests/test_dockerfile.py checks this file's rules; tests/test_wheel.py runs the same wheel
@@ -63,9 +70,10 @@ RUN pip install --no-cache-dir --no-index --find-links /tmp/wheels relay \
 
 WORKDIR /var/lib/relay
 
-# The HTTP side listens on every interface of the container (the default is loopback only);
-# replays go to the volume.
-ENV RELAY_SERVER_HTTP_HOST=0.0.0.0 \
+# Game traffic and the HTTP side listen on every interface of the container (the defaults are
+# loopback only); replays go to the volume.
+ENV RELAY_SERVER_UDP_HOST=0.0.0.0 \
+    RELAY_SERVER_HTTP_HOST=0.0.0.0 \
     RELAY_REPLAY_DIRECTORY=/var/lib/relay/replays \
     RELAY_SERVER_LOG_FORMAT=json
 VOLUME ["/var/lib/relay/replays"]

@@ -778,4 +778,55 @@ def test_relay_environment_is_valid(variant, tmp_path):
                if key[len("RELAY_"):].lower().partition("_")[0] in PENDING_SECTIONS}
     assert unknown == pending, f"{variant}: variables of no relay section: {sorted(unknown - pending)}"
     environ["RELAY_REPLAY_DIRECTORY"] = str(tmp_path)     # validated, not created, but stay local
-    load_config(environ=environ)
+    # Secrets are never written into an artefact, only the paths where they are mounted...
+    assert not {"RELAY_SECURITY_KEYS", "RELAY_SECURITY_ADMIN_TOKEN"} & set(environ), variant
+    # ...which the test fills the way the secret store would.
+    secrets = {"RELAY_SECURITY_KEYS_FILE": f'1 = "{"A" * 43}="\n',
+               "RELAY_SECURITY_ADMIN_TOKEN_FILE": "0123456789abcdef0123456789abcdef\n"}
+    for name, content in secrets.items():
+        if name in environ:
+            path = tmp_path / name.lower()
+            path.write_text(content)
+            environ[name] = str(path)
+    config = load_config(environ=environ)
+    # Every variant serves players beyond loopback: token mode, and it could start.
+    assert config.server.udp_host == "0.0.0.0" and config.security_mode == "token", variant
+    config.check_serve()
+
+
+def test_secrets_come_from_a_secret_store_mounted_where_the_relay_reads_them():
+    """Kubernetes: the Secret relay-secrets is mounted read-only at the directory of the
+    RELAY_SECURITY_*_FILE paths. Compose: the same files as compose secrets, from a directory
+    git ignores. systemd: the keys as a credential."""
+    fleet = load_yaml(FLEET)["spec"]["template"]["spec"]
+    pods = {"agones": (fleet["template"]["spec"], _containers(fleet["template"]["spec"])[fleet["container"]]),
+            "plain": (load_yaml(DEPLOYMENT)["spec"]["template"]["spec"], None)}
+    pods["plain"] = (pods["plain"][0], _containers(pods["plain"][0])["relay"])
+    for variant, (pod, container) in pods.items():
+        env = _env(container)
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        mounts = {mount["mountPath"]: mount for mount in container["volumeMounts"]}
+        for name in ("RELAY_SECURITY_KEYS_FILE", "RELAY_SECURITY_ADMIN_TOKEN_FILE"):
+            directory = str(Path(env[name]).parent)
+            mount = mounts[directory]
+            assert mount.get("readOnly") is True, variant
+            assert volumes[mount["name"]]["secret"]["secretName"] == "relay-secrets", variant
+            key = Path(env[name]).name
+            example = load_yaml(K8S / "plain" / "secret.example.yaml")
+            assert key in example["stringData"], (variant, key)
+    kustomized = load_yaml(K8S / "plain" / "kustomization.yaml")["resources"]
+    assert "secret.example.yaml" not in kustomized, "no placeholder secret gets applied"
+
+    compose = load_yaml(COMPOSE)
+    relay = compose["services"]["relay"]
+    environment = relay["environment"]
+    for secret in relay["secrets"]:
+        source = _compose_path(compose["secrets"][secret]["file"])
+        ignore = source.parent / ".gitignore"
+        assert ignore.is_file() and "*" in ignore.read_text().split(), secret
+        assert f"/run/secrets/{secret}" in environment.values(), secret
+
+    unit = parse_unit(UNIT)["Service"]
+    credentials = dict(line.split(":", 1) for line in unit["LoadCredential"])
+    assert "RELAY_SECURITY_KEYS_FILE=/run/credentials/relay.service/relay-keys" in " ".join(unit["Environment"])
+    assert "relay-keys" in credentials

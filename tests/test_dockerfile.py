@@ -517,10 +517,17 @@ def test_environment_is_valid_relay_config_for_a_container(final):
     default ports match EXPOSE."""
     from relay.config import load_config
 
+    from relay.config import ConfigError
+
     env = final.env()
     config = load_config(environ={k: v for k, v in env.items() if k.startswith("RELAY_")})
     assert config.server.http_host == "0.0.0.0"
     assert config.server.udp_host == "0.0.0.0"
+    # Serving players means token mode, with secrets given at `docker run`, never baked in.
+    assert config.security_mode == "token"
+    assert not any(key.startswith("RELAY_SECURITY_") for key in env), "no secrets in the image"
+    with pytest.raises(ConfigError, match="token keys"):
+        config.check_serve()
     exposed = " ".join(e.value for e in final.all("EXPOSE"))
     assert f"{config.server.udp_port}/udp" in exposed
     assert str(config.server.http_port) in exposed
