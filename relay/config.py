@@ -250,7 +250,8 @@ def parse_keys(text: str, where: str = "security.keys") -> dict[int, bytes]:
     for item in text.replace(",", " ").split():
         key_id, sep, encoded = item.partition(":")
         if not sep:
-            raise ConfigError(f"{where}: {item[:8]!r}...: expected ID:BASE64KEY")
+            raise ConfigError(f"{where}: an item without ':' (not shown: it may be a key); "
+                              f"expected ID:BASE64KEY pairs")
         number, key = _decode_key(where, key_id, encoded)
         if number in keys:
             raise ConfigError(f"{where}: key id {number} appears twice")
@@ -311,8 +312,9 @@ class SecuritySettings:
     def validate(self) -> None:
         _check_choice("security.mode", self.mode, SECURITY_MODES)
         _check_range("security.mint_key_id", self.mint_key_id, -1, MAX_KEY_ID)
-        if self.handshake_rate != 0:
-            _check_range("security.handshake_rate", self.handshake_rate, 0.1, 1_000_000.0)
+        if self.handshake_rate != 0 and not 0.1 <= self.handshake_rate <= 1_000_000.0:
+            raise ConfigError(f"security.handshake_rate={self.handshake_rate!r}: allowed 0 "
+                              f"(unlimited) or 0.1..1000000.0 per second")
         _check_range("security.handshake_burst", self.handshake_burst, 1, 1_000_000)
         keys = self.load_keys()
         if self.mint_key_id >= 0 and self.mint_key_id not in keys:

@@ -276,3 +276,105 @@ def test_relay_serve_with_a_missing_config_exits_2(tmp_path):
 def test_a_room_whose_full_frame_cannot_fit_one_message_is_refused():
     with pytest.raises(ConfigError, match="capacity=256 x rooms.max_input_bytes=4096"):
         load_config(environ={"RELAY_ROOMS_CAPACITY": "256", "RELAY_ROOMS_MAX_INPUT_BYTES": "4096"})
+
+
+# -- [security] ---------------------------------------------------------------------------------
+
+KEY_A = "A" * 43 + "="                         # 32 zero bytes, standard base64
+KEY_B = "_" * 43                               # 32 0xff bytes, URL-safe and unpadded
+
+
+@pytest.mark.parametrize("host, mode", [("127.0.0.1", "open"), ("::1", "open"),
+                                        ("localhost", "open"), ("0.0.0.0", "token"),
+                                        ("::", "token"), ("10.1.2.3", "token")])
+def test_auto_mode_is_open_on_loopback_only(host, mode):
+    config = load_config(environ={"RELAY_SERVER_UDP_HOST": host})
+    assert config.security.mode == "auto" and config.security_mode == mode
+
+
+def test_keys_from_inline_setting_environment_and_key_file_merge_by_id(tmp_path):
+    key_file = write(tmp_path, f'2 = "{KEY_B}"\n', name="keys.toml")
+    config = load_config(write(tmp_path, f'[security]\nmode = "token"\nkeys_file = "{key_file}"\n'),
+                         environ={"RELAY_SECURITY_KEYS": f"1:{KEY_A}"})
+    assert config.security.load_keys() == {1: bytes(32), 2: b"\xff" * 32}
+    assert config.security.mint_key() == (2, b"\xff" * 32)        # the highest id by default
+    config = load_config(environ={"RELAY_SECURITY_KEYS": f"1:{KEY_A}, 2:{KEY_B}",
+                                  "RELAY_SECURITY_MINT_KEY_ID": "1"})
+    assert config.security.mint_key() == (1, bytes(32))
+
+
+@pytest.mark.parametrize("keys, expected", [
+    ("1:not*base64", "not base64"),
+    (f"1:{'A' * 20}", "32 bytes"),
+    (f"1:{KEY_A},1:{KEY_B}", "appears twice"),
+    (f"x:{KEY_A}", "key id 'x'"),
+    (f"4294967296:{KEY_A}", "0..4294967295"),
+    (KEY_A, "ID:BASE64KEY"),
+])
+def test_bad_keys_are_refused_naming_the_variable_without_echoing_the_key(keys, expected):
+    message = error_of(environ={"RELAY_SECURITY_KEYS": keys})
+    assert expected in message and "RELAY_SECURITY_KEYS" in message
+    assert KEY_A[:8] not in message and KEY_B[:8] not in message
+
+
+def test_bad_key_files_are_refused_naming_the_file(tmp_path):
+    missing = tmp_path / "absent.toml"
+    assert "cannot read" in error_of(environ={"RELAY_SECURITY_KEYS_FILE": str(missing)})
+    broken = write(tmp_path, "1 = \n", name="broken.toml")
+    assert "not valid TOML" in error_of(environ={"RELAY_SECURITY_KEYS_FILE": str(broken)})
+    duplicated = write(tmp_path, f'1 = "{KEY_A}"\n01 = "{KEY_B}"\n', name="dup.toml")
+    assert "appears twice" in error_of(environ={"RELAY_SECURITY_KEYS_FILE": str(duplicated)})
+    clash = write(tmp_path, f'1 = "{KEY_B}"\n', name="clash.toml")
+    message = error_of(environ={"RELAY_SECURITY_KEYS_FILE": str(clash),
+                                "RELAY_SECURITY_KEYS": f"1:{KEY_A}"})
+    assert "also in security.keys" in message and str(clash) in message
+
+
+def test_mint_key_id_must_name_a_key():
+    message = error_of(environ={"RELAY_SECURITY_KEYS": f"1:{KEY_A}", "RELAY_SECURITY_MINT_KEY_ID": "5"})
+    assert "security.mint_key_id=5" in message and "ids: 1" in message
+
+
+def test_admin_token_from_setting_or_file_and_its_checks(tmp_path):
+    token_file = write(tmp_path, "  0123456789abcdef0123\n", name="admin-token")
+    config = load_config(environ={"RELAY_SECURITY_ADMIN_TOKEN_FILE": str(token_file)})
+    assert config.security.load_admin_token() == "0123456789abcdef0123"
+    assert "at least 16" in error_of(environ={"RELAY_SECURITY_ADMIN_TOKEN": "short"})
+    assert "at least 16" in error_of(environ={"RELAY_SECURITY_ADMIN_TOKEN": "with a space 0123456789"})
+    message = error_of(environ={"RELAY_SECURITY_ADMIN_TOKEN": "0123456789abcdef0123",
+                                "RELAY_SECURITY_ADMIN_TOKEN_FILE": str(token_file)})
+    assert "keep one" in message
+
+
+def test_describe_never_shows_a_secret():
+    config = load_config(environ={"RELAY_SECURITY_KEYS": f"1:{KEY_B}",
+                                  "RELAY_SECURITY_ADMIN_TOKEN": "0123456789abcdef0123"})
+    described = repr(describe(config))
+    assert KEY_B not in described and "0123456789abcdef0123" not in described
+    assert describe(config)["security"]["keys"] == "<set>"
+    assert describe(load_config(environ={}))["security"]["keys"] == ""
+
+
+def test_serving_needs_keys_in_token_mode_and_an_admin_token_beyond_loopback():
+    load_config(environ={}).check_serve()                        # loopback, open: fine
+    with pytest.raises(ConfigError, match="RELAY_SECURITY_KEYS"):
+        load_config(environ={"RELAY_SERVER_UDP_HOST": "0.0.0.0"}).check_serve()
+    with pytest.raises(ConfigError, match="RELAY_SECURITY_KEYS"):
+        load_config(environ={"RELAY_SECURITY_MODE": "token"}).check_serve()
+    load_config(environ={"RELAY_SERVER_UDP_HOST": "0.0.0.0", "RELAY_SECURITY_MODE": "open"}).check_serve()
+    with pytest.raises(ConfigError, match="RELAY_SECURITY_ADMIN_TOKEN"):
+        load_config(environ={"RELAY_SERVER_HTTP_HOST": "0.0.0.0"}).check_serve()
+    config = load_config(environ={"RELAY_SERVER_HTTP_HOST": "0.0.0.0",
+                                  "RELAY_SECURITY_ADMIN_TOKEN": "0123456789abcdef0123"})
+    config.check_serve()
+    assert config.admin_auth_required
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("RELAY_SECURITY_MODE", "closed", "auto, open, token"),
+    ("RELAY_SECURITY_HANDSHAKE_BURST", "0", "1..1000000"),
+    ("RELAY_SECURITY_HANDSHAKE_RATE", "-1", "0 (unlimited) or 0.1..1000000.0"),
+])
+def test_bad_security_values_name_the_variable_and_what_is_allowed(name, value, allowed):
+    message = error_of(environ={name: value})
+    assert name in message and allowed in message
