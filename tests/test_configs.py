@@ -25,3 +25,20 @@ def test_example_configs_say_what_they_promise():
     assert (moba.server.tick_rate, moba.rooms.capacity) == (30, 10)
     assert (fighting.server.tick_rate, fighting.rooms.capacity) == (60, 2)
     assert (strategy.server.tick_rate, strategy.rooms.capacity) == (15, 8)
+
+
+def test_example_configs_serve_players_in_token_mode_once_given_keys(tmp_path):
+    """The game examples listen beyond loopback, so they are token mode and will not start
+    without keys; with a key file from the environment they can."""
+    from relay.config import ConfigError
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text('1 = "' + "A" * 43 + '="\n')
+    for path in CONFIGS:
+        if path.name == "relay.toml":
+            continue
+        config = load_config(path, environ={})
+        assert config.server.udp_host == "0.0.0.0" and config.security_mode == "token", path.name
+        with pytest.raises(ConfigError, match="token keys"):
+            config.check_serve()
+        load_config(path, environ={"RELAY_SECURITY_KEYS_FILE": str(keys)}).check_serve()
