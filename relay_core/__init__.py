@@ -6,12 +6,15 @@ drain its events. The wire protocol is specified in docs/PROTOCOL.md.
 from relay_core.config import ChannelConfig, ConfigError, EndpointConfig, MODES
 from relay_core.endpoint import Endpoint
 from relay_core.events import (
-    BlockDelivered, BlockReceived, Event, MessageReceived, PeerConnected, PeerDisconnected, PeerStats,
+    BlockDelivered, BlockReceived, Event, MessageReceived, PeerConnected, PeerDisconnected, PeerMigrated,
+    PeerStats,
 )
+from relay_core.token import ConnectToken, TokenClaims, TokenError, generate_key, mint_token, open_token
 from relay_core.wire import DROP_REASONS, DecodeError, decode_packet, encode_packet
 
 __all__ = [
     "BlockDelivered", "BlockReceived", "ChannelConfig", "ConfigError", "DROP_REASONS", "DecodeError",
     "Endpoint", "EndpointConfig", "Event", "MODES", "MessageReceived", "PeerConnected",
-    "PeerDisconnected", "PeerStats", "decode_packet", "encode_packet",
+    "PeerDisconnected", "PeerMigrated", "PeerStats", "decode_packet", "encode_packet",
+    "ConnectToken", "TokenClaims", "TokenError", "generate_key", "mint_token", "open_token",
 ]

@@ -39,13 +39,15 @@ from relay_core.wire cimport (
     PT_DISCONNECT, CONNECT_REQUEST_SIZE, CHALLENGE_SIZE, CONNECT_RESPONSE_SIZE, ACCEPT_SIZE,
     REFUSE_SIZE, DISCONNECT_SIZE, DATA_HEADER_SIZE, COOKIE_MAC_SIZE, TAG_SIZE, TOKEN_BLOCK_HEADER,
     TOKEN_FORMAT_NONE, ACCEPT_SECURE_SIZE, DISCONNECT_SECURE_SIZE, ACCEPT_FLAG_ENCRYPTED,
+    PT_PATH_CHALLENGE, PT_PATH_RESPONSE, PATH_SIZE, PATH_SECURE_SIZE, PATH_DATA_SIZE,
     DROP_REASON_COUNT, DROP_TRUNCATED, DROP_BAD_LENGTH, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
     DROP_BAD_COOKIE, DROP_EXPIRED_COOKIE, DROP_NOT_ACCEPTING, DROP_UNEXPECTED_PACKET,
-    DROP_DUPLICATE_PACKET, DROP_AUTH_FAILED, DROP_RATE_LIMITED, DROP_BAD_TOKEN,
+    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_AUTH_FAILED, DROP_RATE_LIMITED, DROP_BAD_TOKEN,
+    DROP_PATH_UNVALIDATED,
 )
 
 from relay_core.config import EndpointConfig
-from relay_core.events import PeerDisconnected, PeerStats
+from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
@@ -94,6 +96,11 @@ cdef class Endpoint:
     cdef double handshake_burst
     cdef Py_ssize_t handshake_sources
 
+    # address migration (server): validating a connected peer's new address
+    cdef Py_ssize_t path_challenge_budget
+    cdef double path_retry_interval
+    cdef dict path_counts
+
     def __init__(self, config=None, unix_offset=None):
         self.config = (config if config is not None else EndpointConfig()).validate()
         self.peers_by_address = {}
@@ -130,6 +137,10 @@ cdef class Endpoint:
         self.handshake_rate = self.config.handshake_rate or 0.0
         self.handshake_burst = self.config.handshake_burst
         self.handshake_sources = self.config.handshake_sources
+        self.path_challenge_budget = self.config.path_challenge_budget
+        self.path_retry_interval = self.config.connect_resend_interval
+        self.path_counts = {"challenges_sent": 0, "challenge_bytes": 0, "budget_spent": 0,
+                            "migrations": 0}
         self.scratch = <uint8_t*>PyMem_Malloc(self.config.mtu)
         if self.scratch == NULL:
             raise MemoryError()
@@ -222,11 +233,17 @@ cdef class Endpoint:
                 self.drop_counts[DROP_TRUNCATED] += 1
                 return
             peer = self.peers_by_address.get(address)
-            if peer is None or peer.state != STATE_CONNECTED:
-                self.drop_counts[DROP_UNKNOWN_PEER] += 1
-                return
-            if read_u32(p + 4) != peer.session_id:
-                self.drop_counts[DROP_WRONG_SESSION] += 1
+            if peer is None or peer.state != STATE_CONNECTED or read_u32(p + 4) != peer.session_id:
+                if peer is None and self.accept_connections:
+                    # Maybe a connected peer whose address changed (NAT rebinding, new network).
+                    migrating = self.sessions.get(read_u32(p + 4))
+                    if migrating is not None and (<Peer>migrating).state == STATE_CONNECTED:
+                        self._on_data_from_new_address(migrating, p, n, datagram, address, now)
+                        return
+                if peer is None or peer.state != STATE_CONNECTED:
+                    self.drop_counts[DROP_UNKNOWN_PEER] += 1
+                else:
+                    self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
             rc = peer.on_data(p, n, datagram, now)
             self.dirty.add(peer.peer_id)
@@ -238,6 +255,8 @@ cdef class Endpoint:
             return
         if ptype == PT_CONNECT_RESPONSE:
             self._on_connect_response(p, n, datagram, address, now)
+        elif ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
+            self._on_path_packet(ptype, p, n, datagram, address, now)
         else:
             self._on_server_reply(ptype, p, n, datagram, address, now)
         peer = self.peers_by_address.get(address)
@@ -348,6 +367,12 @@ cdef class Endpoint:
         """Dropped datagrams (or datagram tails) by reason; only non-zero reasons appear."""
         return {DROP_REASONS[i]: self.drop_counts[i] for i in range(DROP_REASON_COUNT)
                 if self.drop_counts[i]}
+
+    @property
+    def path_stats(self):
+        """Address migration (server): PATH_CHALLENGEs sent and their bytes, challenges not sent
+        because a new address's budget was spent, and completed migrations."""
+        return dict(self.path_counts)
 
     @property
     def refusals(self):
@@ -598,6 +623,101 @@ cdef class Endpoint:
                 self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
                 return
             self._close(peer, "refused:" + REASONS.get(p[8], str(p[8])), -1)
+
+    # -- address migration -----------------------------------------------------------------
+
+    cdef void _on_data_from_new_address(self, Peer peer, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                                        object address, double now):
+        """DATA with a connected peer's session id from an address that is not the peer's.
+
+        The packet is handled like any other (authenticated first in a sealed session, so a
+        forgery changes nothing and gets no reply); its content is delivered so that no input is
+        lost while the path is checked. A genuine new packet -- not a replay -- then starts or
+        continues validation of that address. Replies keep going to the old address until the
+        peer answers a PATH_CHALLENGE from the new one.
+        """
+        cdef bint had_counter = peer.has_recv_counter
+        cdef uint64_t counter_before = peer.recv_counter
+        cdef int rc = peer.on_data(p, n, datagram, now)
+        self.dirty.add(peer.peer_id)
+        if rc < 0:
+            self.drop_counts[-rc - 1] += 1
+            if rc == -(DROP_AUTH_FAILED + 1) or rc == -(DROP_DUPLICATE_PACKET + 1) or rc == -(DROP_STALE_PACKET + 1):
+                return
+        if peer.open_aead is not None and had_counter and peer.recv_counter <= counter_before:
+            return          # authentic but older than the newest: a reordered or replayed copy
+        self._challenge_path(peer, address, n, now)
+
+    cdef void _challenge_path(self, Peer peer, object address, Py_ssize_t trigger_size, double now):
+        if peer.path_address != address:
+            # A new candidate (the newest address wins): fresh data and a fresh budget.
+            peer.path_address = address
+            peer.path_data = bytes(self.rng.getrandbits(8) for _ in range(PATH_DATA_SIZE))
+            peer.path_budget = self.path_challenge_budget
+            peer.path_sent_at = -1e300
+        if now - peer.path_sent_at < self.path_retry_interval:
+            return
+        size = PATH_SECURE_SIZE if peer.seal_aead is not None else PATH_SIZE
+        # Never more bytes towards an unverified address than the packet that caused them,
+        # and no more than the budget in all.
+        if size > trigger_size or size > peer.path_budget:
+            self.path_counts["budget_spent"] += 1
+            return
+        packet = peer.path_packet(PT_PATH_CHALLENGE, peer.path_data)
+        peer.path_budget -= size
+        peer.path_sent_at = now
+        self.path_counts["challenges_sent"] += 1
+        self.path_counts["challenge_bytes"] += size
+        self.control_out.append((packet, address))
+
+    cdef void _on_path_packet(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                              object address, double now):
+        """PATH_CHALLENGE (at a client, from its server) and PATH_RESPONSE (at a server)."""
+        cdef Peer peer
+        if n != PATH_SIZE and n != PATH_SECURE_SIZE:
+            self.drop_counts[DROP_BAD_LENGTH] += 1
+            return
+        if ptype == PT_PATH_CHALLENGE:
+            peer = self.peers_by_address.get(address)
+        else:
+            peer = self.sessions.get(read_u32(p + 4))
+        if peer is None or peer.state != STATE_CONNECTED:
+            self.drop_counts[DROP_UNKNOWN_PEER] += 1
+            return
+        if read_u32(p + 4) != peer.session_id:
+            self.drop_counts[DROP_WRONG_SESSION] += 1
+            return
+        if (ptype == PT_PATH_CHALLENGE) == self.accept_connections:
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1     # servers challenge, clients answer
+            return
+        if peer.open_aead is None:
+            data = datagram[8:8 + PATH_DATA_SIZE] if n == PATH_SIZE else None
+        else:
+            data = peer.open_control(datagram, ptype) if n == PATH_SECURE_SIZE else None
+        if data is None:
+            self.drop_counts[DROP_AUTH_FAILED if peer.open_aead is not None else DROP_BAD_LENGTH] += 1
+            return
+        if ptype == PT_PATH_CHALLENGE:
+            # Answer from wherever we are now; the server learns our address from it.
+            self.control_out.append((peer.path_packet(PT_PATH_RESPONSE, data), peer.address))
+            self.dirty.add(peer.peer_id)
+            return
+        if (peer.path_address is None or address != peer.path_address
+                or not hmac.compare_digest(data, peer.path_data)):
+            self.drop_counts[DROP_PATH_UNVALIDATED] += 1
+            return
+        if address in self.peers_by_address:
+            self.drop_counts[DROP_PATH_UNVALIDATED] += 1      # taken by a new connection meanwhile
+            return
+        old = peer.address
+        del self.peers_by_address[old]
+        peer.address = address
+        self.peers_by_address[address] = peer
+        peer.path_address = None
+        peer.path_data = None
+        self.path_counts["migrations"] += 1
+        self.events.append(PeerMigrated(peer.peer_id, old, address))
+        self.dirty.add(peer.peer_id)
 
     # -- internals -------------------------------------------------------------------------
 

@@ -35,6 +35,12 @@ cdef class Peer:
     cdef public bytes accept_packet         # server: the ACCEPT a repeated CONNECT_RESPONSE gets again
     cdef public bytes token_private         # server: the token this connection was accepted with
 
+    # path validation (server): a new address the peer's packets arrive from, until it answers
+    cdef public object path_address         # None: nothing being validated
+    cdef public bytes path_data             # the challenge's 8 random bytes
+    cdef public Py_ssize_t path_budget      # bytes of challenges we may still send there
+    cdef public double path_sent_at
+
     # handshake (client side)
     cdef bytes cookie_packet
     cdef double created_at
@@ -108,6 +114,9 @@ cdef class Peer:
     cdef void connected(self, uint32_t session_id, double now, double peer_ack_delay)
     cdef void protect(self, bytes send_key, bytes receive_key)
     cdef int open_disconnect(self, bytes datagram)
+    cdef bytes seal_control(self, int packet_type, bytes plaintext)
+    cdef object open_control(self, bytes datagram, int packet_type)
+    cdef bytes path_packet(self, int packet_type, bytes data)
     cdef void begin_disconnect(self, int code)
     cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
     cdef void process_acks(self, DataHeader* h, double now)

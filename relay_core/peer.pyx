@@ -21,10 +21,10 @@ from relay_core.channel cimport (
 )
 from relay_core.wire cimport (
     DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
-    make_connect_request, make_disconnect, make_nonce, reconstruct_counter, time_ms16, read_u16,
-    write_prefix, write_u16, write_u32,
+    make_connect_request, make_disconnect, make_path_packet, make_nonce, reconstruct_counter,
+    time_ms16, read_u16, write_prefix, write_u16, write_u32,
     DATA_HEADER_SIZE, RK_MESSAGE, RK_FRAGMENT, RK_BLOCK_SLICE, RK_BLOCK_ACK, TAG_SIZE, PT_DATA,
-    PT_DISCONNECT, DISCONNECT_SECURE_SIZE,
+    PT_DISCONNECT, DISCONNECT_SECURE_SIZE, SEALED_CONTROL_HEADER,
     DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_UNKNOWN_CHANNEL, DROP_AUTH_FAILED,
 )
 
@@ -148,18 +148,45 @@ cdef class Peer:
 
     cdef int open_disconnect(self, bytes datagram):
         """The reason code of a DISCONNECT for this session, or -(DropReason + 1)."""
-        cdef const uint8_t* p = <const uint8_t*><const char*>datagram
-        cdef uint64_t counter
         if self.open_aead is None:
-            return p[8]
+            return datagram[8]
         if len(datagram) != DISCONNECT_SECURE_SIZE:
             return -(DROP_AUTH_FAILED + 1)
-        counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_u16(p + 8))
+        reason = self.open_control(datagram, PT_DISCONNECT)
+        return -(DROP_AUTH_FAILED + 1) if reason is None else reason[0]
+
+    cdef bytes seal_control(self, int packet_type, bytes plaintext):
+        """A sealed DISCONNECT or PATH packet: prefix, session_id and seq in clear, then the
+        sealed plaintext. Uses up one packet counter, like a DATA packet."""
+        cdef uint8_t header[SEALED_CONTROL_HEADER]
+        write_prefix(header, packet_type)
+        write_u32(header + 4, self.session_id)
+        write_u16(header + 8, <uint16_t>self.send_counter)
+        ad = (<char*>header)[:SEALED_CONTROL_HEADER]
+        packet = ad + self.seal_aead.encrypt(make_nonce(packet_type, self.send_counter), plaintext, ad)
+        self.send_counter += 1
+        self.next_seq += 1
+        return packet
+
+    cdef object open_control(self, bytes datagram, int packet_type):
+        """The plaintext of a sealed control packet of this session, or None if it does not
+        authenticate."""
+        cdef uint64_t counter = reconstruct_counter(self.recv_counter, self.has_recv_counter,
+                                                    read_u16(<const uint8_t*><const char*>datagram + 8))
         try:
-            reason = self.open_aead.decrypt(make_nonce(PT_DISCONNECT, counter), datagram[10:], datagram[:10])
+            plaintext = self.open_aead.decrypt(make_nonce(packet_type, counter),
+                                               datagram[SEALED_CONTROL_HEADER:], datagram[:SEALED_CONTROL_HEADER])
         except InvalidTag:
-            return -(DROP_AUTH_FAILED + 1)
-        return reason[0]
+            return None
+        if not self.has_recv_counter or counter > self.recv_counter:
+            self.recv_counter = counter
+            self.has_recv_counter = True
+        return plaintext
+
+    cdef bytes path_packet(self, int packet_type, bytes data):
+        if self.seal_aead is None:
+            return make_path_packet(packet_type, self.session_id, data)
+        return self.seal_control(packet_type, data)
 
     cdef void begin_disconnect(self, int code):
         self.disconnect_code = code
@@ -453,19 +480,10 @@ cdef class Peer:
         self.next_handshake_at = now + self.connect_resend_interval
 
     cdef bytes _disconnect_packet(self):
-        cdef uint8_t header[10]
         if self.seal_aead is None:
             return make_disconnect(self.session_id, self.disconnect_code)
-        # Sealed like DATA, with the next packet counter (the copies are identical bytes).
-        write_prefix(header, PT_DISCONNECT)
-        write_u32(header + 4, self.session_id)
-        write_u16(header + 8, <uint16_t>self.send_counter)
-        ad = (<char*>header)[:10]
-        packet = ad + self.seal_aead.encrypt(make_nonce(PT_DISCONNECT, self.send_counter),
-                                             bytes([self.disconnect_code]), ad)
-        self.send_counter += 1
-        self.next_seq += 1
-        return packet
+        # Sealed with the next packet counter; the copies are identical bytes.
+        return self.seal_control(PT_DISCONNECT, bytes([self.disconnect_code]))
 
     # -- timers ----------------------------------------------------------------------------
 

@@ -108,6 +108,10 @@ class LinkedPair:
         self.client_events: list[Any] = []
         self.client_peer: Optional[int] = None
         self.server_peer: Optional[int] = None
+        self.client_address = self.CLIENT_ADDRESS
+        """Where the client's datagrams come from, as the server sees it (rebind_client())."""
+        self.unrouted = 0
+        """Server datagrams addressed elsewhere than client_address: nobody receives them."""
 
     def connect(self, timeout: float = 5.0, token: Any = None) -> None:
         """Handshake (with a ConnectToken in token mode); afterwards ``client_peer`` and
@@ -119,18 +123,27 @@ class LinkedPair:
                        and any(isinstance(e, PeerConnected) for e in self.client_events), timeout)
         self.server_peer = next(e.peer_id for e in self.server_events if isinstance(e, PeerConnected))
 
+    def rebind_client(self, address: Any) -> None:
+        """The client's source address changes (a NAT rebinding, a new network): from now on
+        the server sees its datagrams come from ``address``, and what the server sends to the
+        old address is lost."""
+        self.client_address = address
+
     def step(self) -> None:
         """Advance the clock by one tick: deliver arrivals, run timers, send."""
         self.now += self.tick
         now = self.now
         for datagram in self.up.arrivals(now):
-            self.server.receive(datagram, self.CLIENT_ADDRESS, now)
+            self.server.receive(datagram, self.client_address, now)
         for datagram in self.down.arrivals(now):
             self.client.receive(datagram, self.SERVER_ADDRESS, now)
         for endpoint, events, link in ((self.server, self.server_events, self.down),
                                        (self.client, self.client_events, self.up)):
             endpoint.handle_timeout(now)
-            for datagram, _address in endpoint.datagrams_to_send(now):
+            for datagram, address in endpoint.datagrams_to_send(now):
+                if endpoint is self.server and address != self.client_address:
+                    self.unrouted += 1
+                    continue
                 link.send(datagram, now)
             while (event := endpoint.next_event()) is not None:
                 events.append(event)

@@ -16,6 +16,8 @@ cdef enum:
     PT_REFUSE = 5
     PT_DATA = 6
     PT_DISCONNECT = 7
+    PT_PATH_CHALLENGE = 8
+    PT_PATH_RESPONSE = 9
 
     CONNECT_REQUEST_SIZE = 64
     CHALLENGE_SIZE = 28
@@ -37,6 +39,10 @@ cdef enum:
     ACCEPT_SECURE_SIZE = 31         # ACCEPT + flags u8 + tag
     DISCONNECT_SECURE_SIZE = 27     # prefix, session_id, seq u16, reason (sealed), tag
     ACCEPT_FLAG_ENCRYPTED = 1
+    SEALED_CONTROL_HEADER = 10      # prefix, session_id, seq u16: associated data of sealed control packets
+    PATH_DATA_SIZE = 8
+    PATH_SIZE = 16                  # prefix, session_id, data
+    PATH_SECURE_SIZE = 34           # prefix, session_id, seq u16, data (sealed), tag
 
     # record kinds inside a DATA packet (high 3 bits of the record's first byte)
     RK_MESSAGE = 0
@@ -199,3 +205,4 @@ cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, byte
 cdef bytes make_accept(uint32_t connect_id, uint32_t session_id, uint16_t ack_delay_ms, int flags)
 cdef bytes make_refuse(uint32_t connect_id, int reason)
 cdef bytes make_disconnect(uint32_t session_id, int reason)
+cdef bytes make_path_packet(int packet_type, uint32_t session_id, bytes data)

@@ -23,7 +23,8 @@ assert len(DROP_REASONS) == DROP_REASON_COUNT
 PACKET_TYPES = {
     PT_CONNECT_REQUEST: "connect_request", PT_CHALLENGE: "challenge",
     PT_CONNECT_RESPONSE: "connect_response", PT_ACCEPT: "accept", PT_REFUSE: "refuse",
-    PT_DATA: "data", PT_DISCONNECT: "disconnect",
+    PT_DATA: "data", PT_DISCONNECT: "disconnect", PT_PATH_CHALLENGE: "path_challenge",
+    PT_PATH_RESPONSE: "path_response",
 }
 _PACKET_TYPE_IDS = {name: code for code, name in PACKET_TYPES.items()}
 RECORD_KINDS = {RK_MESSAGE: "message", RK_FRAGMENT: "fragment",
@@ -71,7 +72,7 @@ cdef int check_prefix(const uint8_t* p, Py_ssize_t n) noexcept nogil:
         return -(DROP_BAD_MAGIC + 1)
     if p[2] != PROTOCOL_VERSION:
         return -(DROP_BAD_VERSION + 1)
-    if p[3] < PT_CONNECT_REQUEST or p[3] > PT_DISCONNECT:
+    if p[3] < PT_CONNECT_REQUEST or p[3] > PT_PATH_RESPONSE:
         return -(DROP_UNKNOWN_TYPE + 1)
     return p[3]
 
@@ -309,6 +310,18 @@ cdef bytes make_disconnect(uint32_t session_id, int reason):
     return _reason_packet(PT_DISCONNECT, session_id, reason)
 
 
+cdef bytes make_path_packet(int packet_type, uint32_t session_id, bytes data):
+    """PATH_CHALLENGE or PATH_RESPONSE of an open connection (sealed ones: Peer.seal_control)."""
+    cdef bytearray out = bytearray(PATH_SIZE)
+    cdef uint8_t* p = out
+    if len(data) != PATH_DATA_SIZE:
+        raise ValueError(f"path data must be {PATH_DATA_SIZE} bytes")
+    write_prefix(p, packet_type)
+    write_u32(p + 4, session_id)
+    out[8:16] = data
+    return bytes(out)
+
+
 _FIXED_SIZES = {
     PT_CHALLENGE: CHALLENGE_SIZE, PT_REFUSE: REFUSE_SIZE,
 }
@@ -418,6 +431,20 @@ def decode_packet(data, key=None, counter=None):
     elif ptype == PT_DISCONNECT:
         if n != DISCONNECT_SIZE and n != DISCONNECT_SECURE_SIZE:
             raise DecodeError("bad_length")
+    elif ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
+        if n != PATH_SIZE and n != PATH_SECURE_SIZE:
+            raise DecodeError("bad_length")
+        out["session_id"] = read_u32(p + 4)
+        if n == PATH_SIZE:
+            out["data"] = raw[8:16].hex()
+        else:
+            out["seq"] = read_u16(p + 8)
+            if key is None:
+                out["sealed_data"] = raw[10:].hex()
+            else:
+                out["data"] = unseal(key, ptype, out["seq"] if counter is None else counter,
+                                     raw[:10], raw[10:]).hex()
+        return out
     elif n != _FIXED_SIZES[ptype]:
         raise DecodeError("bad_length")
     if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE):
@@ -522,6 +549,24 @@ def encode_packet(packet, key=None, counter=None):
         return make_accept(packet["connect_id"], packet["session_id"], packet["ack_delay_ms"], -1)
     if ptype == PT_REFUSE:
         return make_refuse(packet["connect_id"], _reason_code(packet["reason"]))
+    if ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
+        if "seq" not in packet:
+            return make_path_packet(ptype, packet["session_id"], bytes.fromhex(packet["data"]))
+        buf = bytearray(10)
+        p = buf
+        write_prefix(p, ptype)
+        write_u32(p + 4, packet["session_id"])
+        write_u16(p + 8, packet["seq"])
+        if key is None:
+            sealed = bytes.fromhex(packet["sealed_data"])
+            if len(sealed) != PATH_DATA_SIZE + TAG_SIZE:
+                raise ValueError(f"sealed_data must be {PATH_DATA_SIZE + TAG_SIZE} bytes")
+        else:
+            data = bytes.fromhex(packet["data"])
+            if len(data) != PATH_DATA_SIZE:
+                raise ValueError(f"path data must be {PATH_DATA_SIZE} bytes")
+            sealed = seal(key, ptype, packet["seq"] if counter is None else counter, buf, data)
+        return bytes(buf) + sealed
     if ptype == PT_DISCONNECT:
         if "seq" not in packet:
             return make_disconnect(packet["session_id"], _reason_code(packet["reason"]))

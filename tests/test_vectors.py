@@ -260,7 +260,7 @@ def test_stats_field_is_specified(spec, name):
     assert re.search(rf"^\|[^\n]*`{name}`[^\n]*\|", spec, re.MULTILINE), f"PeerStats.{name}"
 
 
-@pytest.mark.parametrize("name", ["PeerConnected", "PeerDisconnected", "MessageReceived",
+@pytest.mark.parametrize("name", ["PeerConnected", "PeerDisconnected", "PeerMigrated", "MessageReceived",
                                   "BlockReceived", "BlockDelivered"])
 def test_event_is_specified(spec, name):
     assert hasattr(events_module, name)
