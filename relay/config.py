@@ -95,7 +95,9 @@ class ServerSettings:
         _check_range("server.drain_timeout", self.drain_timeout, 0.0, 86400.0)
         _check_range("server.shutdown_timeout", self.shutdown_timeout, 0.1, 300.0)
         _check_range("server.max_peers", self.max_peers, 1, 1_000_000)
-        _check_range("server.mtu", self.mtu, 576, 16384)
+        # A reliable message of 256 KiB (a frame, a control message) must fit 255 fragments,
+        # each a datagram less its headers and, in token mode, the 16-byte AEAD tag.
+        _check_range("server.mtu", self.mtu, 1072, 16384)
         _check_range("server.max_pending_messages", self.max_pending_messages, 16, 1_000_000)
         # The core's floor: one largest reliable message must fit (256 KiB).
         _check_range("server.reassembly_limit", self.reassembly_limit, 256 * 1024, 2**32)
