@@ -14,6 +14,10 @@ Token mode (``token_keys``): the client's CONNECT_REQUEST and CONNECT_RESPONSE c
 token (relay_core.token); the server opens it only once the cookie has come back, refuses it if
 expired or already used, and answers with an ACCEPT sealed with the token's server key. DATA and
 DISCONNECT are then sealed with the token's session keys (``encrypt_packets``).
+
+Address migration (server): DATA carrying a connected peer's session id from a new address is
+handled for that peer (authenticated first when sealed) and, if genuine and new, makes the server
+challenge the new address (PATH_CHALLENGE); the peer moves only once it answers from there.
 """
 import hashlib
 import heapq

@@ -389,3 +389,45 @@ def test_token_keys_need_a_server():
     from relay_core import ConfigError
     with pytest.raises(ConfigError, match="accept_connections"):
         EndpointConfig(token_keys=KEYS).validate()
+
+
+def test_mutated_packets_of_every_kind_never_raise_and_the_session_survives():
+    """Random corruption, truncation and extension of every packet type a sealed session
+    carries (handshake, DATA, DISCONNECT, PATH), fed to both ends from known and unknown
+    addresses: counted drops only, and the session keeps delivering."""
+    import random
+
+    seen = []
+    pair = secure_pair()
+    for link in (pair.up, pair.down):
+        original = link.send
+        link.send = lambda data, now, original=original: (seen.append(data), original(data, now))
+    pair.connect(token=token())
+    pair.client.send(pair.client_peer, 0, b"x" * 3000)
+    pair.run(0.3)
+    # another server (other cookie key): its handshake must not replace this session
+    other = secure_pair(seed=7, server=EndpointConfig(accept_connections=True, seed=9, token_keys=KEYS))
+    other_up = tap(other.up)
+    other.connect(token=token(player="bob"))
+    other.client.disconnect(other.client_peer)
+    other.run(0.05)
+    samples = seen + other_up + [encode_packet(dict(type="path_challenge", session_id=1, seq=0,
+                                                    sealed_data="00" * 24))]
+    rng = random.Random(1)
+    for _ in range(3000):
+        data = bytearray(rng.choice(samples))
+        action = rng.randrange(4)
+        if action == 0 and data:
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        elif action == 1:
+            del data[rng.randrange(len(data) + 1):]
+        elif action == 2:
+            data += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+        address = rng.choice([pair.CLIENT_ADDRESS, pair.SERVER_ADDRESS, ("10.7.7.7", 1)])
+        pair.server.receive(bytes(data), address, pair.now)
+        pair.client.receive(bytes(data), address, pair.now)
+    before = len(payloads(pair.server_events))
+    pair.client.send(pair.client_peer, 0, b"still here")
+    pair.run(0.5)
+    assert pair.server.is_connected(pair.server_peer) and pair.client.is_connected(pair.client_peer)
+    assert payloads(pair.server_events)[before:] == [b"still here"]
