@@ -7,7 +7,9 @@ the room's whole life; the others churn at random (seeded): new players join (la
 the history first), players leave, vanish silently (their socket closes: the relay times them
 out) and come back (reclaiming their slot, or refused once its grace has run out). After
 ``--room-seconds`` a room is ended through the admin API, every player still in it must have
-received every frame up to the final one, and a new room takes its place.
+received every frame up to the final one, and a new room takes its place. ``--mode token`` (the
+default) runs the relay with connect tokens and sealed packets, the soak minting a fresh token
+for every connection as a game backend would; ``--mode open`` without.
 
 Checked: every client sees every frame of its room exactly once, in order, from frame 0 (across
 its reconnects), byte-identical to what every other client of the room saw; a client still in
@@ -20,13 +22,15 @@ Exit status 1 if a frame was lost, duplicated, reordered or differed between cli
 in a room was disconnected, the server logged an error or exception, or the server holds more
 descriptors (or peers) at the end than at the start.
 
-    python benchmarks/soak.py --seconds 60 --json soak.json
-    nice -n 19 python benchmarks/soak.py --seconds 3600 --rooms 3 --json /work/soak_1h.json
+    python benchmarks/soak.py --seconds 60 --json soak.json            # token mode
+    python benchmarks/soak.py --seconds 60 --mode open
+    nice -n 19 python benchmarks/soak.py --seconds 3600 --rooms 3 --json soak_1h.json
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -50,11 +54,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, usable_cores  # noqa: E402
 from relay.client import RelayClient, RelayError  # noqa: E402
 from relay.netem import LinkSettings, Netem  # noqa: E402
+from relay_core.token import mint_token  # noqa: E402
 
 # Join refusals a churning player may meet by design: its slot went to a newcomer after the
 # reconnect grace, or every slot is held.
 EXPECTED_REFUSALS = {"room_full", "slot_expired"}
 INPUT_DELAY = 4         # frames: covers a 40-60 ms round trip plus a repair at 30 Hz
+# Token mode: the relay's key; the soak plays the game backend and mints a token per connection.
+KEY_ID, KEY = 1, bytes(range(1, 33))
 
 
 def free_port(kind: int) -> int:
@@ -126,7 +133,10 @@ class RelayProcess:
                         RELAY_ROOMS_CAPACITY=str(args.capacity), RELAY_ROOMS_START_PLAYERS="2",
                         RELAY_ROOMS_PLAYER_TIMEOUT=str(args.player_timeout),
                         RELAY_ROOMS_RECONNECT_GRACE=str(args.reconnect_grace),
-                        RELAY_REPLAY_DIRECTORY=str(workdir / "replays"))
+                        RELAY_REPLAY_DIRECTORY=str(workdir / "replays"),
+                        RELAY_SECURITY_MODE=args.mode)
+        if args.mode == "token":
+            self.env["RELAY_SECURITY_KEYS"] = f"{KEY_ID}:{base64.b64encode(KEY).decode()}"
         self.env.pop("RELAY_CONFIG", None)
         self.process: Optional[subprocess.Popen] = None
 
@@ -207,10 +217,14 @@ class SoakPlayer:
 
     async def join(self, timeout: float = 10.0) -> None:
         host, port = self.room.soak.netem.listen_address
+        # Tokens are single-use: every connection, a reconnection too, gets a fresh one.
+        token = (mint_token(KEY, KEY_ID, self.room.name, self.name, 60.0)
+                 if self.room.soak.args.mode == "token" else None)
         if self.client is None:
-            self.client = await RelayClient.connect(host, port, self.room.name, self.name, timeout=timeout)
+            self.client = await RelayClient.connect(host, port, self.room.name, self.name,
+                                                    timeout=timeout, token=token)
         else:
-            await self.client.reconnect(timeout=timeout)
+            await self.client.reconnect(timeout=timeout, token=token)
         self.state = "active"
         self.task = asyncio.get_running_loop().create_task(self._play())
 
@@ -419,6 +433,7 @@ def report(args, soak: Soak, baseline: dict, final: dict, log: dict, drops: dict
     fds = [s["fds"] for s in soak.samples]
     summary = {
         "seconds": args.seconds,
+        "mode": args.mode,
         "rooms": args.rooms,
         "link": {"loss_percent": args.loss, "delay_ms": args.delay, "jitter_ms": args.jitter},
         "machine": {"cpu": cpu_model(), "cores": usable_cores(), "python": platform.python_version()},
@@ -469,7 +484,7 @@ def report(args, soak: Soak, baseline: dict, final: dict, log: dict, drops: dict
 
 
 def print_summary(s: dict) -> None:
-    print(f"soak: {s['seconds']:g} s, {s['rooms']} room slots, {s['rooms_completed']} rooms played; "
+    print(f"soak: {s['mode']} mode, {s['seconds']:g} s, {s['rooms']} room slots, {s['rooms_completed']} rooms played; "
           f"link {s['link']['loss_percent']:g} % loss each way, {s['link']['delay_ms']:g} ms "
           f"+ {s['link']['jitter_ms']:g} ms jitter")
     print(f"machine: {s['machine']['cpu']}, {s['machine']['cores']} cores, Python {s['machine']['python']}")
@@ -505,6 +520,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jitter", type=float, default=10.0, help="ms, each way")
     parser.add_argument("--sample-seconds", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mode", choices=("open", "token"), default="token",
+                        help="relay security mode: token (connect tokens, sealed packets) or open")
     parser.add_argument("--json", help="write the full result (with every sample) here")
     parser.add_argument("--progress", action="store_true", help="print every sample")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (log, replays)")
