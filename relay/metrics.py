@@ -88,6 +88,15 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
     ("drops", Counter, "relay_dropped_datagrams_total",
      "Datagrams or messages dropped, by reason.", ("reason",), DROP_REASON_LABELS, {}),
     ("desyncs", Counter, "relay_desyncs_total", "Checksum mismatches detected.", (), (), {}),
+    ("synthesized_inputs", Counter, "relay_synthesized_inputs_total",
+     "Inputs the relay filled in for connected players whose input missed its frame "
+     "(rooms.missing_input_policy repeat or neutral).", (), (), {}),
+    ("input_delay_advice", Histogram, "relay_input_delay_advice_frames",
+     "Input delays advised to players, in frames, one sample each time a player's advice changes.", (), (),
+     {"buckets": (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30)}),
+    ("migrations", Counter, "relay_peer_migrations_total",
+     "Peers whose source address changed mid-session (NAT rebinding, network switch) and "
+     "moved after the new path answered its challenge.", (), (), {}),
     ("blocks", Counter, "relay_block_transfers_total",
      "Block transfers (history catch-up), by outcome.", ("outcome",), BLOCK_OUTCOMES, {}),
     ("joins", Counter, "relay_joins_total", "Join requests, by outcome.", ("outcome",),
@@ -143,6 +152,9 @@ class Metrics:
     loss: Gauge
     drops: Counter
     desyncs: Counter
+    synthesized_inputs: Counter
+    input_delay_advice: Histogram
+    migrations: Counter
     blocks: Counter
     joins: Counter
     refusals: Counter

@@ -30,7 +30,7 @@ from relay.scheduler import TickScheduler
 from relay.transport import BATCHED_IO, EndpointDriver, open_batched_driver, open_driver
 from relay_core import (
     BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
-    PeerDisconnected,
+    PeerDisconnected, PeerMigrated,
 )
 from relay_core.token import TokenClaims
 
@@ -232,6 +232,15 @@ class RelayServer:
                                player=event.claims.player if event.claims else None)
             elif kind is PeerDisconnected:
                 self._on_disconnect(event.peer_id, event.reason, now)
+            elif kind is PeerMigrated:
+                # The core validated the new path and already sends there; the room is keyed
+                # by peer id, so nothing else moves.
+                self.metrics.migrations.inc()
+                room = self._room_of(event.peer_id)
+                self.log.info("peer_migrated", peer=event.peer_id,
+                              old_address=str(event.old_address),
+                              new_address=str(event.new_address),
+                              room=room.room_id if room else None)
             elif kind is BlockDelivered:
                 room = self._room_of(event.peer_id)
                 if room is not None:
@@ -464,6 +473,7 @@ class RelayServer:
                     self.log.error("replay_write_failed", room=room.room_id, error=str(error))
             return
         if event.kind == "input_delay":
+            self.metrics.input_delay_advice.observe(detail["frames"])
             self.log.debug("input_delay_advised", room=room.room_id, **detail)
             return
         if event.kind == "started":
@@ -559,9 +569,11 @@ class RelayServer:
 
     def _tick(self, now: float) -> None:
         for room in list(self.rooms.values()):
+            synthesized_before = room.synthesized_inputs
             if room.tick(now) is not None:
                 self.metrics.frames_closed.inc()
                 self.metrics.frames_broadcast.inc(len(room.members))
+                self.metrics.synthesized_inputs.inc(room.synthesized_inputs - synthesized_before)
             if room.expired(now):
                 room.end("empty")
             elif self.draining and not room.members:
