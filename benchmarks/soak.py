@@ -143,7 +143,10 @@ class RelayProcess:
     def start(self) -> None:
         self.log_file = open(self.log_path, "w")
         self.process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=self.env,
-                                        cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT)
+                                        cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        # A Ctrl-C at the terminal stops the soak, which then
+                                        # checks and stops the relay itself.
+                                        start_new_session=True)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -293,7 +296,7 @@ class SoakRoom:
 
     async def run(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
-        while loop.time() < deadline - 5:
+        while loop.time() < deadline - 5 and not self.soak.stopping.is_set():
             await self.run_generation(min(deadline, loop.time() + self.soak.args.room_seconds))
 
     async def run_generation(self, end_at: float) -> None:
@@ -307,10 +310,15 @@ class SoakRoom:
         for _ in range(2):          # the anchor and a second player start the room
             await self.add_player()
         try:
-            while loop.time() < end_at:
-                await asyncio.sleep(min(self.rng.expovariate(1.0 / self.soak.args.churn_interval),
-                                        max(0.0, end_at - loop.time())))
-                if loop.time() < end_at:
+            stopping = self.soak.stopping
+            while loop.time() < end_at and not stopping.is_set():
+                pause = min(self.rng.expovariate(1.0 / self.soak.args.churn_interval),
+                            max(0.0, end_at - loop.time()))
+                try:
+                    await asyncio.wait_for(stopping.wait(), pause)
+                except asyncio.TimeoutError:
+                    pass
+                if loop.time() < end_at and not stopping.is_set():
                     await self.churn_once()
             await self.finish()
         finally:
@@ -388,6 +396,8 @@ class Soak:
         self.samples: list[dict] = []
         self.netem: Optional[Netem] = None
         self.started = 0.0
+        self.stopping = asyncio.Event()
+        """Set by SIGINT/SIGTERM: the rooms end now, are checked, and the soak reports."""
 
     def sample(self) -> dict:
         pid = self.relay.process.pid
@@ -414,6 +424,8 @@ class Soak:
         self.netem = Netem(("127.0.0.1", 0), ("127.0.0.1", self.relay.udp_port), up=link, down=link,
                            seed=args.seed, idle_timeout=max(10.0, 2 * args.reconnect_grace))
         await self.netem.start()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.stopping.set)
         self.started = time.monotonic()
         sampler = loop.create_task(self.sampler())
         deadline = loop.time() + args.seconds
@@ -487,6 +499,8 @@ def print_summary(s: dict) -> None:
     print(f"soak: {s['mode']} mode, {s['seconds']:g} s, {s['rooms']} room slots, {s['rooms_completed']} rooms played; "
           f"link {s['link']['loss_percent']:g} % loss each way, {s['link']['delay_ms']:g} ms "
           f"+ {s['link']['jitter_ms']:g} ms jitter")
+    if s.get("stopped_early"):
+        print(f"stopped early by a signal after {s['elapsed_s']:g} s")
     print(f"machine: {s['machine']['cpu']}, {s['machine']['cores']} cores, Python {s['machine']['python']}")
     print(f"churn: {s['churn_actions']}  refusals (by design): {s['expected_refusals']}")
     print(f"frames received {s['frames_received']}  lost {s['frames_lost']}  duplicates "
@@ -550,6 +564,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         exit_code = relay.stop()
     summary = report(args, soak, baseline, final, scan_log(relay.log_path), drops, exit_code)
+    summary["stopped_early"] = soak.stopping.is_set()
+    summary["elapsed_s"] = soak.samples[-1]["t"] if soak.samples else 0.0
     summary["log"] = str(relay.log_path) if args.keep else None
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
