@@ -294,6 +294,13 @@ class Relay:
         return text
 
 
+def udp_receive_buffer_errors():
+    """Datagrams the kernel dropped because a UDP socket's receive buffer was full (all
+    sockets; during a flood that is the relay's)."""
+    lines = [line.split() for line in open("/proc/net/snmp") if line.startswith("Udp:")]
+    return int(dict(zip(lines[0], lines[1]))["RcvbufErrors"])
+
+
 def drop_count(metrics, reason):
     return metrics.get(f'relay_dropped_datagrams_total{{reason="{reason}"}}', 0.0)
 
@@ -389,6 +396,7 @@ def test_forged_source_flood_costs_no_state_and_the_room_plays_on(relay, capsys)
         loop = asyncio.get_running_loop()
         rss_before = relay.rss_kib()
         before = await loop.run_in_executor(None, relay.metrics)
+        kernel_drops = udp_receive_buffer_errors()
 
         flooding = loop.create_task(run_flood(relay, *sum([["--capture", c] for c in captures], []),
                                               seconds=4.0))
@@ -402,6 +410,7 @@ def test_forged_source_flood_costs_no_state_and_the_room_plays_on(relay, capsys)
             rss_seen.append(relay.rss_kib())
             await asyncio.sleep(0.25)
         report = flooding.result()
+        report["kernel_drops"] = udp_receive_buffer_errors() - kernel_drops
         await asyncio.sleep(1.5)                          # the relay syncs its counters every second
         after = await loop.run_in_executor(None, relay.metrics)
         await wait_for(lambda: late.frames >= 15, 10)
@@ -412,10 +421,13 @@ def test_forged_source_flood_costs_no_state_and_the_room_plays_on(relay, capsys)
 
     bots, report, before, after, rss_before, rss_max, peers_seen = asyncio.run(scenario())
     received = after["relay_datagrams_received_total"] - before["relay_datagrams_received_total"]
+    answered = after["relay_datagrams_sent_total"] - before["relay_datagrams_sent_total"]
     with capsys.disabled():
         print(f"\nflood ({relay.mode} mode, {report['method']}): {report['sent']} datagrams in "
               f"{report['seconds']} s = {report['rate']}/s from {report['distinct_sources']} sources; "
-              f"relay read {received:.0f}; RSS {rss_before} -> max {rss_max} KiB; "
+              f"relay read {received:.0f} ({received / report['seconds']:.0f}/s), kernel dropped "
+              f"{report['kernel_drops']} (receive buffer full), relay sent {answered:.0f} (challenges and "
+              f"the game); RSS {rss_before} -> max {rss_max} KiB; "
               f"drops bad_cookie +{drop_count(after, 'bad_cookie') - drop_count(before, 'bad_cookie'):.0f} "
               f"unknown_peer +{drop_count(after, 'unknown_peer') - drop_count(before, 'unknown_peer'):.0f} "
               f"rate_limited +{drop_count(after, 'rate_limited') - drop_count(before, 'rate_limited'):.0f}")
