@@ -47,6 +47,7 @@ cdef struct OutMessage:
     uint8_t needs_write         # never sent, or due for an RTO resend
     uint8_t fragment_count      # 1 = sent as one MESSAGE record
     uint8_t next_fragment       # write cursor within the current round
+    uint8_t copies              # redundant copies written since the last (re)send
 
 
 cdef class SendChannel:
@@ -58,6 +59,7 @@ cdef class SendChannel:
     cdef readonly uint64_t messages_sent
     cdef readonly uint64_t resends
     cdef readonly uint64_t redundant_bytes
+    cdef readonly uint64_t fast_resends     # resends on an ack-gap loss signal (not RTO expiries)
     cdef readonly bint failed           # a message passed the resend or RTO limit
 
     cdef bint queue(self, bytes payload)
@@ -65,8 +67,10 @@ cdef class SendChannel:
     cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
                           double now, double rto, uint32_t stamp)
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
-                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp)
+                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
+                                    int max_copies)
     cdef void on_ack(self, uint16_t msg_id, int fragment)
+    cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now)
     cdef void expire(self, double now)
     cdef double next_deadline(self)
     cdef Py_ssize_t queued(self)

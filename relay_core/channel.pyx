@@ -4,9 +4,11 @@ Send side
   UnreliableSendChannel  unreliable and unreliable_sequenced: written once, never tracked.
   ReliableSendChannel    reliable_ordered: ARQ. A message is written when new, and again only
                          when its own RTO expires (RTO x1.5 per resend).
-  RedundantSendChannel   redundant: as reliable_ordered, and every datagram also carries the
+  RedundantSendChannel   redundant: as reliable_ordered, and datagrams also carry copies of the
                          newest unacked messages that fit the redundancy budget, so a lost
-                         datagram is repaired by the next one. Older messages fall back to RTO.
+                         datagram is repaired by the next one. The peer's redundancy policy
+                         decides when and how often (docs/PROTOCOL.md 12.4); a message whose
+                         last carrier the peer's acks show lost is resent at once.
 
 Receive side
   OrderedReceiveChannel     reliable_ordered and redundant: window of message ids, duplicate
@@ -87,10 +89,14 @@ cdef class SendChannel:
         return pos
 
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
-                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp):
+                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
+                                    int max_copies):
         return pos
 
     cdef void on_ack(self, uint16_t msg_id, int fragment):
+        pass
+
+    cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now):
         pass
 
     cdef void expire(self, double now):
@@ -240,6 +246,7 @@ cdef class ReliableSendChannel(SendChannel):
                         units.add(self.channel_id, msg_id, frag)
                     m.next_fragment += 1
             m.stamp = stamp
+            m.copies = 0
             if m.first_sent < 0.0:
                 m.first_sent = now
                 m.rto = rto
@@ -312,20 +319,25 @@ cdef class ReliableSendChannel(SendChannel):
             m = &self.msgs[self.slots.slot(msg_id)]
             if m.in_use and self.slots.contains(msg_id):
                 messages.append(dict(msg_id=msg_id, needs_write=m.needs_write, resends=m.resends,
-                                     first_sent=m.first_sent, deadline=m.deadline, rto=m.rto))
+                                     first_sent=m.first_sent, deadline=m.deadline, rto=m.rto,
+                                     copies=m.copies))
             msg_id += 1
         return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent,
                     pending=self.queued() - <uint16_t>(self.next_id - self.oldest), earliest_deadline=self.earliest_deadline,
-                    messages=messages)
+                    resends=self.resends, fast_resends=self.fast_resends,
+                    redundant_bytes=self.redundant_bytes, messages=messages)
 
 
 cdef class RedundantSendChannel(ReliableSendChannel):
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
-                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp):
+                                    Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
+                                    int max_copies):
         """Piggyback the newest already-sent, unacked messages that fit ``budget``.
 
         The window is chosen newest first (the newest are the ones a just-lost datagram carried)
-        and written oldest first. Fragmented messages are left to RTO: they cannot ride along.
+        and written oldest first. With ``max_copies`` > 0 a message that has had that many copies
+        since its last send is skipped (0: no limit). Fragmented messages are left to RTO: they
+        cannot ride along.
         """
         cdef int count = <uint16_t>(self.next_id - self.oldest)
         cdef int i, start = count, slot
@@ -340,7 +352,7 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             slot = self.slots.slot(msg_id)
             m = &self.msgs[slot]
             if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
-                    and self.slots.contains(msg_id)):
+                    and (max_copies == 0 or m.copies < max_copies) and self.slots.contains(msg_id)):
                 if total + m.record_size > limit:
                     break
                 total += m.record_size
@@ -351,13 +363,39 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             slot = self.slots.slot(msg_id)
             m = &self.msgs[slot]
             if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
-                    and self.slots.contains(msg_id)):
+                    and (max_copies == 0 or m.copies < max_copies) and self.slots.contains(msg_id)):
                 payload = self.payloads[slot]
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
                 units.add(self.channel_id, msg_id, 0)
                 m.stamp = stamp
+                if m.copies < 255:
+                    m.copies += 1
                 self.redundant_bytes += m.record_size
         return pos
+
+    cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now):
+        """The peer's acks show the datagram with ``stamp`` lost: resend the message now if that
+        datagram was its latest carrier (a later copy may still arrive; its own loss will tell).
+
+        Only whole messages: a fragmented one keeps its RTO. The RTO restarts without backoff
+        (the path evidently works), and the resend counts towards ``max_resends``.
+        """
+        cdef int slot = self.slots.slot(msg_id)
+        cdef OutMessage* m = &self.msgs[slot]
+        if not (m.in_use and self.slots.contains(msg_id)) or m.fragment_count != 1:
+            return
+        if m.needs_write or m.stamp != stamp:
+            return
+        m.needs_write = True
+        m.next_fragment = 0
+        self.unsent += 1
+        m.resends += 1
+        self.fast_resends += 1
+        if m.resends > self.max_resends:
+            self.failed = True
+        m.deadline = now + m.rto
+        if self.earliest_deadline < 0.0 or m.deadline < self.earliest_deadline:
+            self.earliest_deadline = m.deadline
 
 
 def make_send_channel(int channel_id, str mode, *, int window, int max_pending,

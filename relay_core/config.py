@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional
 
 MODES = ("reliable_ordered", "redundant", "unreliable_sequenced", "unreliable")
+REDUNDANCY_POLICIES = ("adaptive", "always")
 
 # Bytes of a DATA packet that are not records, and the largest record header of a fragment.
 _DATA_HEADER = 20
@@ -99,6 +100,18 @@ class EndpointConfig:
     send_rate: float = 2_000_000.0
     """Per-peer pacing budget, bytes/s. Redundant copies and block slices wait when it is spent;
     new messages, resends and acks never do."""
+    redundancy_policy: str = "adaptive"
+    """When redundant channels piggyback copies. "adaptive": only while the peer has recently
+    lost one of our packets, at most ``redundancy_copies`` per message, and a message whose
+    latest datagram the peer's acks show lost is resent at once. "always": every unacked
+    message in every datagram that carries messages, repaired otherwise by RTO only."""
+    redundancy_copies: int = 2
+    """adaptive: copies of a message after each (re)send, each in a later datagram."""
+    redundancy_loss_memory: int = 128
+    """adaptive: copies go on until this many of our packets in a row are judged received."""
+    reorder_tolerance: float = 0.005
+    """adaptive: a packet is judged lost once the peer acks one sent more than
+    max(reorder_tolerance, 4 x RTTVAR) seconds after it; later arrivals count as reordering."""
     redundancy_budget: int = 1024
     """Bytes of piggybacked copies per datagram in good mode."""
     bad_mode_rtt: float = 0.3
@@ -180,6 +193,14 @@ class EndpointConfig:
             raise bad("block_memory_limit", f"at least max_block_size={self.max_block_size}")
         if self.max_queued_blocks < 1:
             raise bad("max_queued_blocks", "at least 1")
+        if self.redundancy_policy not in REDUNDANCY_POLICIES:
+            raise bad("redundancy_policy", f"one of {', '.join(REDUNDANCY_POLICIES)}")
+        if not 1 <= self.redundancy_copies <= 16:
+            raise bad("redundancy_copies", "1..16 copies per message")
+        if not 1 <= self.redundancy_loss_memory <= 65535:
+            raise bad("redundancy_loss_memory", "1..65535 packets")
+        if not 0 <= self.reorder_tolerance <= 1.0:
+            raise bad("reorder_tolerance", "0..1 seconds")
         for name in ("redundancy_budget", "bad_mode_redundancy_budget"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0 (copies never exceed the room left in a datagram)")

@@ -62,6 +62,7 @@ cdef class Peer:
     cdef uint8_t* sent_acked
     cdef uint64_t* sent_unit_start
     cdef uint32_t* sent_unit_count
+    cdef uint32_t* sent_stamp          # the datagram stamp channels remember their last write by
     cdef SentUnits units
     cdef uint32_t stamp
     cdef uint16_t highest_acked        # newest of our packets the peer has acked
@@ -69,6 +70,15 @@ cdef class Peer:
     # loss estimate: packets that fell out of the ack window without being acked
     cdef uint16_t loss_cursor
     cdef readonly double loss
+
+    # ack-gap loss detection and the adaptive redundancy policy (docs/PROTOCOL.md 11.5, 12.4)
+    cdef bint adaptive                  # redundancy_policy == "adaptive"
+    cdef int redundancy_copies
+    cdef uint32_t loss_memory
+    cdef double reorder_tolerance
+    cdef uint16_t gap_cursor            # oldest of our packets not yet judged by an ack gap
+    cdef readonly uint32_t packets_since_loss   # packets judged received since the last judged lost
+    cdef readonly uint64_t gap_losses           # packets judged lost by an ack gap
 
     cdef readonly RttEstimator rtt
     cdef list send_channels
@@ -120,6 +130,8 @@ cdef class Peer:
     cdef void begin_disconnect(self, int code)
     cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
     cdef void process_acks(self, DataHeader* h, double now)
+    cdef void detect_gaps(self, uint16_t newest, double now)
+    cdef void on_packet_lost(self, int slot, double now)
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
     cdef void refill(self, double now)

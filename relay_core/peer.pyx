@@ -71,13 +71,22 @@ cdef class Peer:
         self.sent_acked = <uint8_t*>PyMem_Malloc(n)
         self.sent_unit_start = <uint64_t*>PyMem_Malloc(n * sizeof(uint64_t))
         self.sent_unit_count = <uint32_t*>PyMem_Malloc(n * sizeof(uint32_t))
-        if not (self.sent_time and self.sent_acked and self.sent_unit_start and self.sent_unit_count):
+        self.sent_stamp = <uint32_t*>PyMem_Malloc(n * sizeof(uint32_t))
+        if not (self.sent_time and self.sent_acked and self.sent_unit_start and self.sent_unit_count
+                and self.sent_stamp):
             raise MemoryError()
         memset(self.sent_acked, 0, n)
         self.highest_acked = 0xFFFF     # "packet -1": nothing acked yet, first seq is 0
         self.units = SentUnits(config.sent_unit_capacity)
         self.loss = 0.0
         self.loss_cursor = 0
+        self.adaptive = config.redundancy_policy == "adaptive"
+        self.redundancy_copies = config.redundancy_copies
+        self.loss_memory = config.redundancy_loss_memory
+        self.reorder_tolerance = config.reorder_tolerance
+        self.gap_cursor = 0
+        # A new connection counts as clean: copies start with the first loss.
+        self.packets_since_loss = self.loss_memory
 
         # The handshake replaces this with the ack delay the peer announces.
         self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
@@ -129,6 +138,7 @@ cdef class Peer:
         PyMem_Free(self.sent_acked)
         PyMem_Free(self.sent_unit_start)
         PyMem_Free(self.sent_unit_count)
+        PyMem_Free(self.sent_stamp)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -334,6 +344,8 @@ cdef class Peer:
             sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
             if sample < 60.0:
                 self.rtt.add_sample(sample)
+            if self.adaptive:
+                self.detect_gaps(h.ack, now)
         # Packets 32 or more behind the newest ack can never be acked again: count them.
         if seq_diff(h.ack, self.loss_cursor) > self.sent_packets.size + 32:
             self.loss_cursor = <uint16_t>(h.ack - self.sent_packets.size - 32)
@@ -345,6 +357,44 @@ cdef class Peer:
                     self.loss += LOSS_ALPHA * (1.0 - self.loss)
                     self.packets_lost += 1
             self.loss_cursor += 1
+
+    cdef void detect_gaps(self, uint16_t newest, double now):
+        """The peer holds ``newest``: judge every older packet of ours sent more than the
+        reorder window before it. One the peer has not acked by now arrived after ``newest`` or
+        never, and arriving after a packet sent that much later is beyond the path's jitter."""
+        cdef int slot
+        cdef uint16_t seq
+        cdef double newest_sent = self.sent_time[self.sent_packets.slot(newest)]
+        cdef double window = max(self.reorder_tolerance, 4.0 * self.rtt.rttvar)
+        if seq_diff(newest, self.gap_cursor) > self.sent_packets.size:
+            self.gap_cursor = <uint16_t>(newest - self.sent_packets.size)
+        while seq_diff(newest, self.gap_cursor) > 0:
+            seq = self.gap_cursor
+            if self.sent_packets.contains(seq):
+                slot = self.sent_packets.slot(seq)
+                if newest_sent - self.sent_time[slot] <= window:
+                    return
+                if self.sent_acked[slot]:
+                    if self.packets_since_loss < self.loss_memory:
+                        self.packets_since_loss += 1
+                else:
+                    self.on_packet_lost(slot, now)
+            self.gap_cursor += 1
+
+    cdef void on_packet_lost(self, int slot, double now):
+        """Copies start (or go on), and the redundant channels resend what only it carried."""
+        cdef uint64_t u, start = self.sent_unit_start[slot]
+        cdef uint64_t count = self.sent_unit_count[slot]
+        cdef SentUnits units = self.units
+        cdef SentUnit* unit
+        cdef list channels = self.send_channels
+        self.packets_since_loss = 0
+        self.gap_losses += 1
+        if units.head - start > units.capacity:
+            return
+        for u in range(start, start + count):
+            unit = &units.ring[u & (units.capacity - 1)]
+            (<SendChannel>channels[unit.channel]).on_lost(unit.msg_id, self.sent_stamp[slot], now)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -394,6 +444,10 @@ cdef class Peer:
         cdef double held
         cdef bint carries_messages
         cdef Py_ssize_t budget = self.bad_redundancy_budget if self.bad_mode else self.redundancy_budget
+        # adaptive: copies only while the peer has lost one of our packets recently, and a
+        # bounded number per message; always: every unacked message, every datagram.
+        cdef bint copies = not self.adaptive or self.packets_since_loss < self.loss_memory
+        cdef int max_copies = self.redundancy_copies if self.adaptive else 0
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
             return
@@ -411,9 +465,10 @@ cdef class Peer:
             # Discretionary bytes only while the pacing budget lasts. Copies ride only with new or
             # resent messages: on an ack-only datagram they would make the peer ack back, and so on.
             if self.tokens > 0:
-                if carries_messages:
+                if carries_messages and copies:
                     for channel in self.redundant_channels:
-                        pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp)
+                        pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
+                                                      max_copies)
                 if self.block_out.active():
                     pos = self.block_out.write(buf, pos, end, now, self.rtt.rto)
             h.session_id = self.session_id
@@ -429,6 +484,7 @@ cdef class Peer:
             self.sent_acked[slot] = 0
             self.sent_unit_start[slot] = units_start
             self.sent_unit_count[slot] = <uint32_t>(self.units.head - units_start)
+            self.sent_stamp[slot] = self.stamp
             if self.seal_aead is None:
                 datagram = PyBytes_FromStringAndSize(<char*>buf, pos)
             else:
@@ -501,8 +557,8 @@ cdef class Peer:
             deadline = channel.next_deadline()
             if deadline >= 0.0 and now >= deadline:
                 channel.expire(now)
-                if channel.failed:
-                    return "resend_limit"
+            if channel.failed:      # by RTO expiries, or by ack-gap resends (on_lost)
+                return "resend_limit"
         # Good/bad mode on RTT (not on loss: random wireless loss is not congestion, and cutting
         # redundancy there would cost exactly the latency redundancy exists to save).
         if self.rtt.has_sample and self.rtt.srtt > self.bad_mode_rtt:

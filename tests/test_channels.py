@@ -24,10 +24,10 @@ def test_reliable_modes_deliver_everything_once_in_order_under_loss(channel):
     assert got == sent
 
 
-def lose_first_of_two(channel):
+def lose_first_of_two(channel, **config):
     """Send two messages 6 ms apart over a 20 ms link; the datagram with the first is lost.
     Returns the pair 20 ms after the second went out (one one-way delay)."""
-    pair = make_pair(delay=0.02, seed=5)
+    pair = make_pair(delay=0.02, seed=5, **config)
     pair.connect()
     pair.up.profile.loss = 1.0
     pair.client.send(pair.client_peer, channel, b"first")
@@ -39,11 +39,37 @@ def lose_first_of_two(channel):
     return pair
 
 
-def test_lost_frame_is_repaired_by_next_datagram():
-    pair = lose_first_of_two(REDUNDANT)
+def test_lost_frame_is_repaired_by_next_datagram_with_policy_always():
+    pair = lose_first_of_two(REDUNDANT, redundancy_policy="always")
     # Both arrive with the second datagram, one send interval later: no RTO wait.
     assert received(pair.server_events, REDUNDANT) == [b"first", b"second"]
     assert pair.client.peer_stats(pair.client_peer).resends == 0
+
+
+def test_first_loss_on_a_clean_link_is_resent_on_the_ack_gap_before_any_rto():
+    pair = make_pair(delay=0.02, seed=5, rto_min=0.25)     # the RTO cannot be what repairs it
+    pair.connect()
+    for i in range(30):                     # RTT samples: the reorder window settles at 5 ms
+        pair.client.send(pair.client_peer, REDUNDANT, b"warm-up")
+        pair.run(0.03)
+    pair.run(0.5)
+    pair.server_events.clear()
+    pair.up.profile.loss = 1.0
+    pair.client.send(pair.client_peer, REDUNDANT, b"first")
+    pair.run(0.001)
+    pair.up.profile.loss = 0.0
+    pair.run(0.01)
+    pair.client.send(pair.client_peer, REDUNDANT, b"second")
+    pair.run(0.0215)
+    # adaptive: a clean link carries no copies, so the second waits for the first...
+    assert received(pair.server_events, REDUNDANT) == []
+    # ...which goes again as soon as the ack of the second shows the gap (one round trip and
+    # the ack delay after the second) and arrives 20 ms later: 75 ms after the first was sent.
+    pair.run(0.005 + 0.02 + 0.02 + 0.002)
+    assert received(pair.server_events, REDUNDANT) == [b"first", b"second"]
+    snapshot = pair.client.channel_snapshot(pair.client_peer, REDUNDANT)
+    assert snapshot["fast_resends"] == 1 and snapshot["resends"] == 0
+    assert pair.client.peer_stats(pair.client_peer).redundant_bytes == 0
 
 
 def test_reliable_ordered_repairs_a_loss_only_by_rto():
@@ -55,7 +81,7 @@ def test_reliable_ordered_repairs_a_loss_only_by_rto():
 
 
 def test_redundant_copies_stay_within_the_redundancy_budget():
-    pair = make_pair(delay=0.05, seed=5, redundancy_budget=100)
+    pair = make_pair(delay=0.05, seed=5, redundancy_budget=100, redundancy_policy="always")
     pair.connect()
     sent_before = set()
     copies_seen = 0

@@ -32,7 +32,7 @@ def test_stats_expose_rtt_loss_bytes_packets_resends_and_redundancy():
 
 def test_pacing_budget_caps_redundant_bytes_on_a_slow_link():
     def redundant_bytes(send_rate):
-        pair = make_pair(delay=0.15, seed=42, send_rate=send_rate)
+        pair = make_pair(delay=0.15, seed=42, send_rate=send_rate, redundancy_policy="always")
         pair.connect()
         stream_frames(pair, 150, size=200, interval=0.01)       # 20 kB/s of new frames
         return pair.server.peer_stats(pair.server_peer).redundant_bytes
@@ -50,7 +50,8 @@ def test_new_messages_are_never_held_back_by_the_pacing_budget():
 
 
 def test_high_rtt_enters_bad_mode_and_cuts_redundancy_then_recovers():
-    pair = make_pair(delay=0.2, seed=44, bad_mode_rtt=0.3, good_mode_recovery=2.0)
+    pair = make_pair(delay=0.2, seed=44, bad_mode_rtt=0.3, good_mode_recovery=2.0,
+                     redundancy_policy="always")
     pair.connect()
     stream_frames(pair, 60)
     stats = pair.server.peer_stats(pair.server_peer)
