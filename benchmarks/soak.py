@@ -396,6 +396,8 @@ class Soak:
         self.samples: list[dict] = []
         self.netem: Optional[Netem] = None
         self.started = 0.0
+        self.max_stall = 0.0
+        self.stalls = 0
         self.stopping = asyncio.Event()
         """Set by SIGINT/SIGTERM: the rooms end now, are checked, and the soak reports."""
 
@@ -407,6 +409,18 @@ class Soak:
         self.samples.append(point)
         return point
 
+    async def watch_loop(self) -> None:
+        """How long this process's event loop (clients and link emulator) stalls: the relay is
+        judged by timeouts that a starved client process would cause on its own."""
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.1)
+            stall = loop.time() - before - 0.1
+            self.max_stall = max(self.max_stall, stall)
+            if stall > 1.0:
+                self.stalls += 1
+
     async def sampler(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -414,7 +428,8 @@ class Soak:
             if self.args.progress:
                 print(f"[{point['t']:7.0f} s] rss {point['rss_kib']} KiB  fds {point['fds']}  "
                       f"peers {point['peers']}  rooms {point['rooms']}  frames {self.tally.frames}  "
-                      f"lost {self.tally.frames_lost}", flush=True)
+                      f"lost {self.tally.frames_lost}  disconnects {len(self.tally.unexpected_disconnects)}  "
+                      f"client stall max {self.max_stall:.2f} s", flush=True)
             await asyncio.sleep(self.args.sample_seconds)
 
     async def run(self) -> None:
@@ -428,12 +443,14 @@ class Soak:
             loop.add_signal_handler(signum, self.stopping.set)
         self.started = time.monotonic()
         sampler = loop.create_task(self.sampler())
+        watcher = loop.create_task(self.watch_loop())
         deadline = loop.time() + args.seconds
         try:
             rooms = [SoakRoom(self, index) for index in range(args.rooms)]
             await asyncio.gather(*[room.run(deadline) for room in rooms])
         finally:
             sampler.cancel()
+            watcher.cancel()
             await self.netem.stop()
 
 
@@ -459,6 +476,7 @@ def report(args, soak: Soak, baseline: dict, final: dict, log: dict, drops: dict
         "mismatches": tally.mismatches,
         "players_checked_at_room_end": tally.players_checked_at_end,
         "unexpected_disconnects": tally.unexpected_disconnects,
+        "client_loop": {"max_stall_s": round(soak.max_stall, 3), "stalls_over_1s": soak.stalls},
         "client_errors": tally.client_errors,
         "rss_kib": {"start": rss[0] if rss else 0, "end": rss[-1] if rss else 0,
                     "max": max(rss, default=0), "warmup_s": warmup,
@@ -513,6 +531,8 @@ def print_summary(s: dict) -> None:
           f"{fds['min']}..{fds['max']}  slope {fds['slope_per_min']}/min; peers left {s['peers_idle_end']}")
     print(f"server log: {s['server_log']['lines']} lines, {s['server_log']['error_count']} errors, "
           f"{s['server_log']['warning_count']} warnings; drops {s['server_drops']}")
+    print(f"soak process event loop: longest stall {s['client_loop']['max_stall_s']} s, "
+          f"{s['client_loop']['stalls_over_1s']} stalls over 1 s (the clients' side, not the relay)")
     for line in s["unexpected_disconnects"] + s["client_errors"] + s["server_log"]["errors"]:
         print(f"  ! {line}")
     print("PASS" if s["ok"] else "FAIL: " + "; ".join(s["failures"]))
@@ -527,8 +547,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="a room is ended and replaced after this long")
     parser.add_argument("--churn-interval", type=float, default=2.0,
                         help="mean seconds between churn actions in a room")
-    parser.add_argument("--player-timeout", type=float, default=2.0)
-    parser.add_argument("--reconnect-grace", type=float, default=8.0)
+    # The relay's default player timeout: at low priority on a busy machine the soak's own
+    # clients may stall for seconds, and a shorter timeout would count that against the relay.
+    parser.add_argument("--player-timeout", type=float, default=10.0)
+    parser.add_argument("--reconnect-grace", type=float, default=30.0)
     parser.add_argument("--loss", type=float, default=10.0, help="percent, each way")
     parser.add_argument("--delay", type=float, default=20.0, help="ms, each way")
     parser.add_argument("--jitter", type=float, default=10.0, help="ms, each way")

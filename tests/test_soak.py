@@ -22,7 +22,8 @@ def test_churn_at_ten_percent_loss_loses_no_frame_and_leaks_nothing(tmp_path, mo
     out = tmp_path / "soak.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, str(SOAK), "--seconds", "45", "--rooms", "2",
-                          "--room-seconds", "20", "--mode", mode, "--json", str(out)],
+                          "--room-seconds", "20", "--player-timeout", "3",
+                          "--reconnect-grace", "8", "--mode", mode, "--json", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert out.exists(), run.stdout + run.stderr
     result = json.loads(out.read_text())
