@@ -234,7 +234,7 @@ def free_port(kind):
 class Relay:
     """``relay serve`` in its own process, so its RSS and peers are its own."""
 
-    def __init__(self, tmp_path, mode):
+    def __init__(self, tmp_path, mode, **settings):
         self.mode = mode
         self.udp_port, self.http_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -245,6 +245,7 @@ class Relay:
                    RELAY_SERVER_DRAIN_TIMEOUT="0", RELAY_SECURITY_MODE=mode)
         if mode == "token":
             env["RELAY_SECURITY_KEYS"] = f"{KEY_ID}:{base64.b64encode(KEY).decode()}"
+        env.update({f"RELAY_{name.upper()}": str(value) for name, value in settings.items()})
         env.pop("RELAY_CONFIG", None)
         self.log = open(tmp_path / "relay.log", "w+")
         self.process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env, cwd=ROOT,
@@ -512,3 +513,50 @@ def test_flooder_fallback_sends_from_distinct_bound_sockets():
                 sources.add(sink.recvfrom(2048)[1][0])
     assert report["method"] == "sockets" and report["distinct_sources"] >= 60
     assert len(sources) >= 60 and all(s.startswith("127.") and s != "127.0.0.1" for s in sources)
+
+
+@pytest.mark.parametrize("mode", ["open", "token"])
+def test_connections_that_never_join_a_room_do_not_hold_the_relay_full(tmp_path, mode):
+    """Real connections (handshake done, heartbeats flowing) that never send a JOIN must not
+    keep their peer slots for ever: otherwise whoever can open max_peers of them (in open mode
+    anyone; the handshake rate limit only slows it down) turns every player away with
+    server_full for as long as they like.
+
+    FAILS as of this commit: the relay keeps such connections indefinitely (relay/server.py
+    has no limit on the time from connect to JOIN). Owner: relay server."""
+    from relay.client import RelayError, client_config
+    from relay.transport import open_driver
+    from relay_core import Endpoint
+
+    relay = Relay(tmp_path, mode, server_max_peers=12, rooms_player_timeout=1.5)
+    try:
+        async def scenario():
+            idle = []
+            for i in range(12):
+                endpoint = Endpoint(client_config())
+                driver = await open_driver(endpoint, (f"127.77.0.{i + 1}", 0), lambda now: None)
+                token = mint_token(KEY, KEY_ID, "r", f"idle{i}", 120.0) if mode == "token" else None
+                endpoint.connect(("127.0.0.1", relay.udp_port), driver.now(), token)
+                driver.flush()
+                idle.append(driver)
+            loop = asyncio.get_running_loop()
+            await wait_for(lambda: relay.health()["peers"] == 12, 10)
+            with pytest.raises(RelayError) as refused:
+                await RelayClient.connect("127.0.0.1", relay.udp_port, "r", "player", timeout=3,
+                                          token=mint_token(KEY, KEY_ID, "r", "player", 120.0)
+                                          if mode == "token" else None)
+            assert "server_full" in str(refused.value)
+            # A few player timeouts later the idle connections are gone and a player gets in.
+            await asyncio.sleep(6 * 1.5)
+            peers = (await loop.run_in_executor(None, relay.health))["peers"]
+            for driver in idle:
+                driver.close()
+            assert peers < 12, "connections that never joined still hold every peer slot"
+            player = await RelayClient.connect("127.0.0.1", relay.udp_port, "r", "player", timeout=5,
+                                               token=mint_token(KEY, KEY_ID, "r", "player", 120.0)
+                                               if mode == "token" else None)
+            await player.close()
+
+        asyncio.run(scenario())
+    finally:
+        relay.stop()
