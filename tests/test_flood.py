@@ -110,7 +110,13 @@ def flood(args):
                          "sent": 0, "request_sizes": set(), "replies": []})
 
     # The flood itself: a pool of forged datagrams from distinct sources, cycled.
-    if args.single_source:
+    if args.spoof:
+        # A blind attacker who knows the players' addresses (from a lobby, say).
+        spoofed = [(host, int(port)) for host, port in (a.rsplit(":", 1) for a in args.spoof)]
+        sources = [spoofed[i % len(spoofed)] for i in range(args.pool)]
+        if raw is None:
+            raise SystemExit("--spoof needs a raw socket")
+    elif args.single_source:
         sources = [(args.single_source, rng.randint(1024, 65535)) for _ in range(args.pool)]
     else:
         sources = [(random_loopback(rng), rng.randint(1024, 65535)) for _ in range(args.pool)]
@@ -200,6 +206,8 @@ def flood_arguments(parser):
     parser.add_argument("--pool", type=int, default=16384, help="distinct forged datagrams/sources")
     parser.add_argument("--sockets", type=int, default=512, help="fallback: bound sockets")
     parser.add_argument("--single-source", help="every forged datagram from this one IP")
+    parser.add_argument("--spoof", action="append", default=[],
+                        help="HOST:PORT: forge datagrams from exactly these addresses (raw only)")
     parser.add_argument("--capture", action="append", default=[], help="HOST:PORT to capture replies at")
     parser.add_argument("--capture-kind", choices=KINDS)
     parser.add_argument("--capture-rate", type=float, default=20.0, help="per capture address, per second")
@@ -493,6 +501,50 @@ def test_one_hammering_source_is_rate_limited_and_nobody_else_notices(relay, cap
     assert_no_amplification(report, relay.mode)
     for bot in bots:
         assert bot.problems == [], (bot.name, bot.problems)
+
+
+def test_junk_from_the_players_own_addresses_changes_nothing(relay, capsys):
+    """Forged DATA (random session ids) and bad-cookie CONNECT_RESPONSEs from the exact
+    address of every player: dropped and counted, the sessions go on untouched."""
+    if open_raw() is None:
+        pytest.skip("forging a player's exact address needs a raw socket (root)")
+
+    async def scenario():
+        ledger = {}
+        bots = [Bot(relay, "owned", f"p{i}", ledger) for i in range(3)]
+        await asyncio.gather(*[bot.connect() for bot in bots])
+        await wait_for(lambda: all(bot.frames >= 15 for bot in bots), 10)
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, relay.metrics)
+        spoof = sum([["--spoof", f"127.0.0.1:{bot.client.driver.transport.get_extra_info('sockname')[1]}"]
+                     for bot in bots], [])
+        report = await run_flood(relay, "--kinds", "data,connect_response", "--method", "raw", *spoof,
+                                 seconds=3.0)
+        await asyncio.sleep(1.5)
+        after = await loop.run_in_executor(None, relay.metrics)
+        peers = (await loop.run_in_executor(None, relay.health))["peers"]
+        frames_at_flood_end = [bot.frames for bot in bots]
+        await wait_for(lambda: all(bot.frames >= f + 15 for bot, f in zip(bots, frames_at_flood_end)), 10)
+        await loop.run_in_executor(None, relay.end_room, "owned")
+        for bot in bots:
+            await bot.finish()
+        return bots, report, before, after, peers
+
+    bots, report, before, after, peers = asyncio.run(scenario())
+    rejected = {reason: drop_count(after, reason) - drop_count(before, reason)
+                for reason in ("wrong_session", "auth_failed", "bad_cookie", "rate_limited")}
+    with capsys.disabled():
+        print(f"\nspoofed players ({relay.mode} mode): {report['sent']} datagrams at {report['rate']}/s "
+              f"from the players' own addresses; dropped {rejected}")
+    assert report["sent"] > 10000
+    assert peers == 3
+    assert rejected["wrong_session"] + rejected["auth_failed"] > 1000
+    # Handshakes from the players' IP beyond its budget are not even checked.
+    assert rejected["bad_cookie"] > 100 and rejected["bad_cookie"] + rejected["rate_limited"] > 1000
+    for bot in bots:
+        assert bot.problems == [], (bot.name, bot.problems)
+        assert bot.client.connected is False        # closed by finish(), after the room ended
+        assert bot.frames == bots[0].frames
 
 
 def test_flooder_fallback_sends_from_distinct_bound_sockets():
