@@ -718,6 +718,22 @@ def _point(text: str) -> tuple[str, float]:
     return link, _loss(loss)
 
 
+def _config_item(text: str) -> tuple[str, Any]:
+    import ast
+    import dataclasses
+
+    from relay_core import EndpointConfig
+
+    name, equals, value = text.partition("=")
+    if not equals or name not in {f.name for f in dataclasses.fields(EndpointConfig)}:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with FIELD an EndpointConfig "
+                                         f"field, got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value          # a bare word: a string (redundancy_policy=always)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags (for ``relay bench loss`` or this script's own parser)."""
     parser.add_argument("--count", type=_positive_int, default=DEFAULT_COUNT,
@@ -743,6 +759,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redundancy-budget", type=int, default=None, metavar="BYTES",
                         help="our endpoints' redundancy_budget (default: the EndpointConfig "
                              "default, 1024): bytes of piggybacked copies per datagram")
+    parser.add_argument("--ours", action="append", type=_config_item, metavar="FIELD=VALUE",
+                        help="a further EndpointConfig field for our endpoints, VALUE a Python "
+                             "literal; repeat for several, e.g. --ours redundancy_policy='always'")
     parser.add_argument("--sequential", action="store_true",
                         help="run the protocols of a point one after another, not concurrently")
     parser.add_argument("--check-concurrency", action="append", type=_point, metavar="LINK:LOSS",
@@ -867,10 +886,12 @@ def run(args: argparse.Namespace) -> int:
           f"{', '.join(l.name for l in links)}; loss %: {', '.join(f'{v:g}' for v in losses)}; "
           f"{args.count} x {args.size} B every {args.interval:g} ms; seed {args.seed}",
           flush=True)
+    ours = dict(getattr(args, "ours", None) or ())
+    if args.redundancy_budget is not None:
+        ours["redundancy_budget"] = args.redundancy_budget
     options = RunOptions(count=args.count, interval=args.interval / 1000.0, size=args.size,
                          seed=args.seed, drain=args.drain, ack_delay=args.ack_delay,
-                         ours_config=({"redundancy_budget": args.redundancy_budget}
-                                      if args.redundancy_budget is not None else None))
+                         ours_config=ours or None)
     if args.loop == "uvloop":
         import uvloop
         factory = uvloop.new_event_loop

@@ -39,6 +39,7 @@ cdef struct OutMessage:
     double first_sent           # < 0: never sent
     double deadline             # next RTO expiry
     double rto
+    double written_at           # last write as new or resent (copies excluded)
     uint32_t stamp              # datagram stamp of the last write (no duplicate in one datagram)
     uint32_t record_size        # wire bytes of the whole-message record
     uint16_t fragments_unacked
@@ -68,7 +69,7 @@ cdef class SendChannel:
                           double now, double rto, uint32_t stamp)
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
-                                    int max_copies)
+                                    int max_copies, double now, double late_after)
     cdef void on_ack(self, uint16_t msg_id, int fragment)
     cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now)
     cdef void expire(self, double now)

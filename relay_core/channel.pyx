@@ -90,7 +90,7 @@ cdef class SendChannel:
 
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
-                                    int max_copies):
+                                    int max_copies, double now, double late_after):
         return pos
 
     cdef void on_ack(self, uint16_t msg_id, int fragment):
@@ -247,6 +247,7 @@ cdef class ReliableSendChannel(SendChannel):
                     m.next_fragment += 1
             m.stamp = stamp
             m.copies = 0
+            m.written_at = now
             if m.first_sent < 0.0:
                 m.first_sent = now
                 m.rto = rto
@@ -331,13 +332,17 @@ cdef class ReliableSendChannel(SendChannel):
 cdef class RedundantSendChannel(ReliableSendChannel):
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
-                                    int max_copies):
+                                    int max_copies, double now, double late_after):
         """Piggyback the newest already-sent, unacked messages that fit ``budget``.
 
         The window is chosen newest first (the newest are the ones a just-lost datagram carried)
-        and written oldest first. With ``max_copies`` > 0 a message that has had that many copies
-        since its last send is skipped (0: no limit). Fragmented messages are left to RTO: they
-        cannot ride along.
+        and written oldest first. With ``max_copies`` > 0 (policy adaptive) a message that has
+        had that many copies since its last send is skipped; after its first copy, a message
+        waits until ``late_after`` seconds (one SRTT) have passed since its last send, by when
+        the ack of a send that arrived is usually back, so a further copy goes mostly where
+        it is needed; and a copy restarts its RTO, since the copy is now its latest carrier,
+        whose loss the ack gap reports. max_copies 0: every datagram, and the RTO runs from the
+        last send (policy always). Fragmented messages are left to RTO: they cannot ride along.
         """
         cdef int count = <uint16_t>(self.next_id - self.oldest)
         cdef int i, start = count, slot
@@ -352,7 +357,9 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             slot = self.slots.slot(msg_id)
             m = &self.msgs[slot]
             if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
-                    and (max_copies == 0 or m.copies < max_copies) and self.slots.contains(msg_id)):
+                    and (max_copies == 0 or (m.copies < max_copies
+                                             and (m.copies == 0 or now - m.written_at >= late_after)))
+                    and self.slots.contains(msg_id)):
                 if total + m.record_size > limit:
                     break
                 total += m.record_size
@@ -363,13 +370,17 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             slot = self.slots.slot(msg_id)
             m = &self.msgs[slot]
             if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
-                    and (max_copies == 0 or m.copies < max_copies) and self.slots.contains(msg_id)):
+                    and (max_copies == 0 or (m.copies < max_copies
+                                             and (m.copies == 0 or now - m.written_at >= late_after)))
+                    and self.slots.contains(msg_id)):
                 payload = self.payloads[slot]
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
                 units.add(self.channel_id, msg_id, 0)
                 m.stamp = stamp
                 if m.copies < 255:
                     m.copies += 1
+                if max_copies > 0 and m.deadline < now + m.rto:
+                    m.deadline = now + m.rto
                 self.redundant_bytes += m.record_size
         return pos
 

@@ -107,6 +107,9 @@ class EndpointConfig:
     message in every datagram that carries messages, repaired otherwise by RTO only."""
     redundancy_copies: int = 2
     """adaptive: copies of a message after each (re)send, each in a later datagram."""
+    redundancy_copy_wait: float = 1.0
+    """adaptive: copies after a message's first copy wait until this many SRTTs have passed
+    since it was sent, so they go only where its ack has not come back (0: no wait)."""
     redundancy_loss_memory: int = 128
     """adaptive: copies go on until this many of our packets in a row are judged received."""
     reorder_tolerance: float = 0.005
@@ -197,6 +200,8 @@ class EndpointConfig:
             raise bad("redundancy_policy", f"one of {', '.join(REDUNDANCY_POLICIES)}")
         if not 1 <= self.redundancy_copies <= 16:
             raise bad("redundancy_copies", "1..16 copies per message")
+        if not 0 <= self.redundancy_copy_wait <= 4:
+            raise bad("redundancy_copy_wait", "0..4 (SRTTs)")
         if not 1 <= self.redundancy_loss_memory <= 65535:
             raise bad("redundancy_loss_memory", "1..65535 packets")
         if not 0 <= self.reorder_tolerance <= 1.0:

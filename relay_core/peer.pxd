@@ -74,6 +74,7 @@ cdef class Peer:
     # ack-gap loss detection and the adaptive redundancy policy (docs/PROTOCOL.md 11.5, 12.4)
     cdef bint adaptive                  # redundancy_policy == "adaptive"
     cdef int redundancy_copies
+    cdef double copy_wait
     cdef uint32_t loss_memory
     cdef double reorder_tolerance
     cdef uint16_t gap_cursor            # oldest of our packets not yet judged by an ack gap

@@ -82,11 +82,13 @@ cdef class Peer:
         self.loss_cursor = 0
         self.adaptive = config.redundancy_policy == "adaptive"
         self.redundancy_copies = config.redundancy_copies
+        self.copy_wait = config.redundancy_copy_wait
         self.loss_memory = config.redundancy_loss_memory
         self.reorder_tolerance = config.reorder_tolerance
         self.gap_cursor = 0
-        # A new connection counts as clean: copies start with the first loss.
-        self.packets_since_loss = self.loss_memory
+        # A new connection has shown nothing yet, and its RTT estimate (so the RTO and the
+        # reorder window) is at its widest: copies until it has proved clean.
+        self.packets_since_loss = 0
 
         # The handshake replaces this with the ack delay the peer announces.
         self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
@@ -448,6 +450,7 @@ cdef class Peer:
         # bounded number per message; always: every unacked message, every datagram.
         cdef bint copies = not self.adaptive or self.packets_since_loss < self.loss_memory
         cdef int max_copies = self.redundancy_copies if self.adaptive else 0
+        cdef double late_copy = self.copy_wait * (self.rtt.srtt if self.rtt.has_sample else self.rtt.rto)
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
             return
@@ -468,7 +471,7 @@ cdef class Peer:
                 if carries_messages and copies:
                     for channel in self.redundant_channels:
                         pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
-                                                      max_copies)
+                                                      max_copies, now, late_copy)
                 if self.block_out.active():
                     pos = self.block_out.write(buf, pos, end, now, self.rtt.rto)
             h.session_id = self.session_id
