@@ -338,7 +338,8 @@ cdef class RedundantSendChannel(ReliableSendChannel):
         The window is chosen newest first (the newest are the ones a just-lost datagram carried)
         and written oldest first. With ``max_copies`` > 0 (policy adaptive) a message that has
         had that many copies since its last send is skipped; after its first copy, a message
-        waits until ``late_after`` seconds (one SRTT) have passed since its last send, by when
+        waits until ``late_after`` seconds (SRTT + the peer's ack delay) have passed since its
+        last send, by when
         the ack of a send that arrived is usually back, so a further copy goes mostly where
         it is needed; and a copy restarts its RTO, since the copy is now its latest carrier,
         whose loss the ack gap reports. max_copies 0: every datagram, and the RTO runs from the

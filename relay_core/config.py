@@ -108,8 +108,9 @@ class EndpointConfig:
     redundancy_copies: int = 2
     """adaptive: copies of a message after each (re)send, each in a later datagram."""
     redundancy_copy_wait: float = 1.0
-    """adaptive: copies after a message's first copy wait until this many SRTTs have passed
-    since it was sent, so they go only where its ack has not come back (0: no wait)."""
+    """adaptive: copies after a message's first copy wait until this many SRTTs, plus the
+    peer's ack delay, have passed since it was sent, so they go only where its ack has not come
+    back (0: no wait)."""
     redundancy_loss_memory: int = 128
     """adaptive: copies go on until this many of our packets in a row are judged received."""
     reorder_tolerance: float = 0.005

@@ -450,7 +450,9 @@ cdef class Peer:
         # bounded number per message; always: every unacked message, every datagram.
         cdef bint copies = not self.adaptive or self.packets_since_loss < self.loss_memory
         cdef int max_copies = self.redundancy_copies if self.adaptive else 0
-        cdef double late_copy = self.copy_wait * (self.rtt.srtt if self.rtt.has_sample else self.rtt.rto)
+        # When the ack of a send that arrived is due back: SRTT excludes the peer's ack hold.
+        cdef double late_copy = (self.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
+                                 if self.rtt.has_sample else self.copy_wait * self.rtt.rto)
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
             return
