@@ -105,8 +105,9 @@ class EndpointConfig:
     lost one of our packets, at most ``redundancy_copies`` per message, and a message whose
     latest datagram the peer's acks show lost is resent at once. "always": every unacked
     message in every datagram that carries messages, repaired otherwise by RTO only."""
-    redundancy_copies: int = 2
-    """adaptive: copies of a message after each (re)send, each in a later datagram."""
+    redundancy_copies: int = 4
+    """adaptive: most copies of a message after each (re)send, each in a later datagram: the
+    first in the next one, the others only once redundancy_copy_wait has passed."""
     redundancy_copy_wait: float = 1.0
     """adaptive: copies after a message's first copy wait until this many SRTTs, plus the
     peer's ack delay, have passed since it was sent, so they go only where its ack has not come
