@@ -192,7 +192,7 @@ def run(seconds: float, players: int, loss: float, model: str, delay: int, seed:
         tally.bytes["ip/udp"] += IP_UDP
         packet = open_packet(address, datagram)
         records = packet.get("records", [])
-        tag = AEAD_TAG if sealed and packet["type"] == "DATA" else 0
+        tag = AEAD_TAG if sealed and datagram[3] == 6 else 0        # DATA: sealed
         tally.bytes["aead tag"] += tag
         if not records:
             tally.ack_only += 1
