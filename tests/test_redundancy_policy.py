@@ -193,3 +193,65 @@ def test_under_loss_the_copies_since_a_send_stay_bounded():
 def test_bad_policy_settings_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         EndpointConfig(**{field: value}).validate()
+
+
+def test_a_message_whose_later_copy_is_still_in_flight_is_not_resent():
+    # Copies are on (a connection starts out losing; the warm-up is shorter than
+    # redundancy_loss_memory), the reorder window has settled at 5 ms.
+    def run(second_lost):
+        pair = make_pair(delay=0.02, seed=5, ack_delay=0.0, rto_min=0.5)
+        pair.connect()
+        for _ in range(30):
+            pair.client.send(pair.client_peer, REDUNDANT, b"warm-up")
+            pair.run(0.03)
+        pair.run(0.3)
+        pair.server_events.clear()
+        link = pair.up.profile
+        link.loss = 1.0                                   # packet 1: A, lost
+        pair.client.send(pair.client_peer, REDUNDANT, b"A")
+        pair.run(0.001)
+        link.loss = 0.0
+        pair.run(0.009)
+        # packet 2: B and the first copy of A; held back 4 ms (or lost)
+        link.loss, link.reorder, link.reorder_delay = (1.0 if second_lost else 0.0), 1.0, 0.004
+        pair.client.send(pair.client_peer, REDUNDANT, b"B")
+        pair.run(0.001)
+        link.loss = link.reorder = 0.0
+        pair.run(0.002)
+        pair.client.send(pair.client_peer, REDUNDANT, b"C")   # packet 3, 3 ms after packet 2
+        pair.run(0.02)
+        pair.client.send(pair.client_peer, REDUNDANT, b"D")   # packet 4: judges packet 2
+        pair.run(0.2)
+        return pair
+
+    # The ack of packet 3 arrives first and shows packets 1 and 2 missing. Packet 1 is judged
+    # lost, but A's latest carrier is packet 2, sent inside the reorder window of packet 3: A
+    # waits for packet 2's fate, which is an ack.
+    pair = run(second_lost=False)
+    assert received(pair.server_events, REDUNDANT) == [b"A", b"B", b"C", b"D"]
+    assert client_state(pair)["fast_resends"] == 0 and client_state(pair)["resends"] == 0
+    # With packet 2 lost as well, its loss, judged on the ack of packet 4, resends A (B rode
+    # packet 3 as a copy and is acknowledged).
+    pair = run(second_lost=True)
+    assert received(pair.server_events, REDUNDANT) == [b"A", b"B", b"C", b"D"]
+    assert client_state(pair)["fast_resends"] == 1 and client_state(pair)["resends"] == 0
+
+
+def test_ack_gap_resends_count_towards_max_resends():
+    from relay_core import PeerDisconnected
+
+    pair = make_pair(delay=0.02, seed=9, max_resends=3, rto_min=0.5, rto_max=1.0)
+    pair.connect()
+    send = pair.up.send
+    # A path that loses every datagram carrying this one message, and nothing else: the peer
+    # keeps acknowledging later packets, so only the resend limit can end it.
+    pair.up.send = lambda datagram, now: None if b"doomed" in datagram else send(datagram, now)
+    pair.client.send(pair.client_peer, REDUNDANT, b"doomed")
+    for _ in range(100):
+        pair.client.send(pair.client_peer, REDUNDANT, b"other")
+        pair.run(0.03)
+        if any(isinstance(e, PeerDisconnected) for e in pair.client_events):
+            break
+    gone = [e for e in pair.client_events if isinstance(e, PeerDisconnected)]
+    assert gone and gone[0].reason == "resend_limit"
+    assert pair.now < 2.5       # long before RTO backoff alone would have got there
