@@ -18,8 +18,9 @@ and taken apart with ``relay_core.decode_packet``:
 
 Links: ``LossyLink`` each way, "core" = 20 ms + U(0, 10) ms one way (the core benchmark's lossy
 link) and "high" = 30 ms + U(0, 20) ms (the loss benchmark's
-"high" profile), each with 0 % and 10 % independent loss each way. The one-way delay decides how
-many unacknowledged frames every datagram repeats (RTT / tick interval). Two input models: "held" (each player's input changes on
+"high" profile), each with 0 % and 10 % independent loss each way. Under the "always"
+redundancy policy the one-way delay decides how many unacknowledged frames every datagram
+repeats (RTT / tick interval); under "adaptive" the loss does. Two input models: "held" (each player's input changes on
 20 % of frames and repeats otherwise, like held buttons and sticks) and "random" (every input
 new every frame: the worst case for "same as previous"). The targets (at most 3 KB/s at 0 % and
 5 KB/s at 10 % loss, per player, downstream, headers included) are checked for the held model;
