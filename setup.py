@@ -11,6 +11,8 @@ extensions = [
     # Batched UDP syscalls (recvmmsg/sendmmsg) for the server's socket; builds everywhere,
     # does the work on Linux.
     Extension("relay._batchio", ["relay/_batchio.pyx"], extra_compile_args=["-O2"]),
+    # The server's per-input receive path (INPUT decode, events to rooms); optional at run time.
+    Extension("relay._fastpath", ["relay/_fastpath.pyx"], extra_compile_args=["-O2"]),
 ]
 
 setup(

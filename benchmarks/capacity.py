@@ -348,6 +348,9 @@ class RelayTarget:
                    RELAY_ROOMS_CAPACITY=str(ROOM_SIZE), RELAY_ROOMS_START_PLAYERS=str(ROOM_SIZE),
                    RELAY_ROOMS_MAX_ROOMS=str(max_players // ROOM_SIZE + 16),
                    RELAY_ROOMS_EMPTY_TIMEOUT="1",
+                   # Every bot connects from 127.0.0.1: the per-source handshake rate limit
+                   # (100/s, burst 200 by default) would refuse most of a ramp step.
+                   RELAY_SECURITY_HANDSHAKE_RATE="0",
                    RELAY_REPLAY_ENABLED="false", RELAY_REPLAY_DIRECTORY=self.replay_dir)
         env.pop("RELAY_CONFIG", None)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -803,6 +806,8 @@ def format_report(report: dict) -> str:
     lines.append(f"  server on CPU {SERVER_CPU}, load on CPU {LOAD_CPU}; rooms of {ROOM_SIZE} at "
                  f"{TICK_RATE} Hz, 16-byte inputs; CPU share = the process's user + system CPU time "
                  f"(softirq work done in its context included) / wall time")
+    lines.append("  relay serve runs with RELAY_SECURITY_HANDSHAKE_RATE=0 (no per-source handshake "
+                 "limit: every bot connects from 127.0.0.1), open mode, replays off")
     lines.append(f"  command: {report['command']}")
     base = report.get("timer_baseline")
     if base:

@@ -4,8 +4,9 @@ This is what a Python developer would write with ENet and no relay stack: one ``
 rooms of 8 players created on the first JOIN, a 30 Hz tick that closes a frame holding every
 player's input for it and sends it to everyone in the room as one reliable ENet packet (one
 ``enet.Packet`` per frame, queued to each member), inputs sent reliable by the clients. Messages
-are msgpack arrays with the relay protocol's type numbers (JOIN 1, INPUT 5, WELCOME 20, FRAME
-30), so datagram sizes are comparable with the relay's.
+are msgpack arrays with the relay protocol's type numbers (JOIN 1, INPUT 5, WELCOME 20), and
+frames use the relay's own compact FRAME encoding (relay.protocol.encode_frame, relative to the
+previous frame), so datagram sizes and encoding work are the same as the relay's.
 
     python benchmarks/enet_relay.py serve --port 7800           # the relay
     python benchmarks/enet_relay.py load --server 127.0.0.1:7800 --players 64 --seconds 5
@@ -30,12 +31,19 @@ from typing import Optional
 
 import msgpack
 
+try:                                    # run as a script from a source tree
+    import relay  # noqa: F401
+except ImportError:                     # pragma: no cover
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from relay import protocol
+
 try:
     import enet
 except ImportError:                     # reported by capacity.py; tests skip
     enet = None
 
-JOIN, INPUT, WELCOME, FRAME = 1, 5, 20, 30
+JOIN, INPUT, WELCOME = 1, 5, 20
 ROOM_SIZE = 8
 LATENESS_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 """Same bounds as the relay's relay_tick_lateness_seconds histogram."""
@@ -51,7 +59,7 @@ def _require_enet() -> None:
 # -- the relay ------------------------------------------------------------------------------
 
 class Room:
-    __slots__ = ("name", "peers", "slots", "running", "frame", "pending")
+    __slots__ = ("name", "peers", "slots", "running", "frame", "pending", "last_inputs")
 
     def __init__(self, name: str):
         self.name = name
@@ -60,6 +68,7 @@ class Room:
         self.running = False
         self.frame = 0
         self.pending: dict[int, dict[int, bytes]] = {}   # frame -> slot -> input
+        self.last_inputs: list = []         # the previous frame's: compact frames refer to them
 
 
 class EnetRelay:
@@ -119,12 +128,14 @@ class EnetRelay:
 
     def tick(self) -> None:
         reliable = enet.PACKET_FLAG_RELIABLE
-        packb = msgpack.packb
+        encode_frame, Frame = protocol.encode_frame, protocol.Frame
         for room in self.rooms.values():
             if not room.running:
                 continue
-            inputs = room.pending.pop(room.frame, {})
-            data = packb([FRAME, room.frame, [inputs.get(i) for i in range(len(room.peers))], []])
+            received = room.pending.pop(room.frame, {})
+            inputs = [received.get(i) for i in range(len(room.peers))]
+            data = encode_frame(Frame(room.frame, inputs), room.last_inputs)
+            room.last_inputs = inputs
             room.frame += 1
             self.frames_closed += 1
             packet = enet.Packet(data, reliable)
@@ -301,9 +312,8 @@ class EnetLoad:
         host.flush()
 
     def _on_message(self, player: EnetPlayer, data: bytes) -> None:
-        message = msgpack.unpackb(data, raw=False)
-        if message[0] == FRAME:
-            number = message[1]
+        if data[:1] == b"\xc1":                   # a compact FRAME: its number is enough here
+            number = protocol.frame_number(data)
             if number <= player.last:
                 player.duplicates += 1
                 return
@@ -316,7 +326,9 @@ class EnetLoad:
                 for ahead in range(1, self.input_delay):
                     self._send_input(player, number + ahead)
             self._send_input(player, number + self.input_delay)
-        elif message[0] == WELCOME:
+            return
+        message = msgpack.unpackb(data, raw=False)
+        if message[0] == WELCOME:
             player.slot = message[1]["slot"]
             player.last = message[1]["next_frame"] - 1
 

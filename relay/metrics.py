@@ -178,11 +178,19 @@ class Metrics:
             PlatformCollector(registry=self.registry)
         self._last_totals: dict[Hashable, dict[Hashable, float]] = {}   # source -> key -> total
         self._peer_sources: set[Hashable] = set()
+        self._before_render: list = []
+
+    def before_render(self, publish) -> None:
+        """Call ``publish()`` before every ``render()``: an owner that keeps hot-path counts as
+        plain integers (published in batches) brings the metrics up to date for a scrape."""
+        self._before_render.append(publish)
 
     # -- exposition --------------------------------------------------------------------------
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every metric and its content type, for ``GET /metrics``."""
+        for publish in self._before_render:
+            publish()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     @staticmethod

@@ -53,11 +53,13 @@ class JoinRefused(Exception):
 @dataclass
 class Action:
     kind: str
-    """send | block | disconnect"""
+    """send | block | disconnect | broadcast (``data`` to every peer in ``peer_ids``)"""
     peer_id: int
     channel: int = CONTROL
     data: bytes = b""
     reason: str = ""
+    peer_ids: list = field(default_factory=list)
+    """broadcast: the recipients, each exactly as if it had its own "send"."""
 
 
 @dataclass
@@ -158,6 +160,9 @@ class Room:
         self.end_reason: Optional[str] = None
         self.actions: list[Action] = []
         self.events: list[RoomEvent] = []
+        self.broadcast_frames = False
+        """True: each tick's frame goes to its players as one "broadcast" Action instead of a
+        "send" per player (the server hands it to the core in one call)."""
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -376,18 +381,24 @@ class Room:
     def on_input(self, peer_id: int, message: Input, now: Optional[float] = None) -> str:
         """Buffer one input; returns the outcome: accepted, late, duplicate, or refused:<reason>.
         ``now`` (the arrival time) times the input for the input-delay advice."""
+        return self.on_input_fields(peer_id, message.frame, message.payload, message.have, now)
+
+    def on_input_fields(self, peer_id: int, frame: int, payload: bytes, have: int,
+                        now: Optional[float] = None) -> str:
+        """``on_input`` with the INPUT's fields (the server's compiled receive path calls this
+        without building an Input per message)."""
         member = self.members.get(peer_id)
         if member is None or member.slot is None:
             return "refused:not_a_player"
-        member.have = max(member.have, message.have)
+        if have > member.have:
+            member.have = have
         member.reported = True
         if self.state != RUNNING:
             return "refused:not_running"
         if now is not None and member.timing is not None:
-            self._time_input(member, message, now)
-        if len(message.payload) > self.settings.max_input_bytes:
+            self._time_input(member, frame, have, now)
+        if len(payload) > self.settings.max_input_bytes:
             return "refused:too_large"
-        frame = message.frame
         outcome = "accepted"
         if frame < self.open_frame:
             if self.settings.late_input_policy == "drop":
@@ -395,19 +406,20 @@ class Room:
             frame, outcome = self.open_frame, "late"
         elif frame > self.open_frame + self.settings.max_input_lead:
             return "refused:too_far_ahead"
-        inputs = self.pending_inputs.setdefault(frame, {})
+        inputs = self.pending_inputs.get(frame)
+        if inputs is None:
+            inputs = self.pending_inputs[frame] = {}
         if member.slot in inputs:
             return "duplicate" if outcome == "accepted" else "refused:late_dropped"
-        inputs[member.slot] = message.payload
+        inputs[member.slot] = payload
         return outcome
 
-    def _time_input(self, member: Member, message: Input, now: float) -> None:
+    def _time_input(self, member: Member, frame: int, have: int, now: float) -> None:
         """Record how long after frame ``have`` closed this input arrived: the input was sent
         for frame have + d when the client held frame ``have``, so d must exceed this time in
         frames for it to be on time. Inputs sent while catching up say nothing about the link."""
         timing = member.timing
-        timing.late.append(message.frame < self.open_frame)
-        have = message.have
+        timing.late.append(frame < self.open_frame)
         if have < 0 or have >= self.open_frame or member.catching_up:
             return
         closed = self._close_times[have % CLOSE_TIMES_KEPT]
@@ -499,8 +511,12 @@ class Room:
         self._close_times[number % CLOSE_TIMES_KEPT] = (number, now)
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
+        broadcast: Optional[list] = [] if self.broadcast_frames else None
+        catchup_frames = self.settings.catchup_frames
         for member in self.members.values():
-            self._maybe_catch_up(member)
+            if not member.catching_up and (member.missing_from is not None or (
+                    member.reported and number - member.have > catchup_frames)):
+                self._maybe_catch_up(member)
             if member.spectator:
                 if spectator_frame >= member.next_live:
                     member.last_sent = spectator_frame
@@ -508,10 +524,15 @@ class Room:
                                                self.history[spectator_frame]))
             else:
                 member.last_sent = number
-                self.actions.append(Action("send", member.peer_id, STREAM, data))
+                if broadcast is None:
+                    self.actions.append(Action("send", member.peer_id, STREAM, data))
+                else:
+                    broadcast.append(member.peer_id)
                 if (member.timing is not None
                         and (number + member.slot) % ADVICE_EVERY_FRAMES == 0):
                     self._advise_input_delay(member, now)
+        if broadcast:
+            self.actions.append(Action("broadcast", -1, STREAM, data, peer_ids=broadcast))
         for frame in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
             del self.pending_desyncs[frame]
             self._report_desync(frame, self.checksums.get(frame, {}))

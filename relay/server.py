@@ -34,9 +34,18 @@ from relay_core import (
 )
 from relay_core.token import TokenClaims
 
+try:
+    from relay import _fastpath
+except ImportError:         # not built (a source checkout without build_ext): the Python path
+    _fastpath = None
+
 ROOM_OPTIONS = {"capacity", "start_policy", "start_players"}
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
+
+RTT_SAMPLES_PER_SYNC = 256
+"""Peers' smoothed RTTs observed into relay_peer_rtt_seconds per stats pass (once a second);
+with more peers than this they take turns."""
 
 LIMIT_LOG_INTERVAL = 10.0
 """Seconds between log lines about one kind of refusal or drop at a limit (each is counted)."""
@@ -105,6 +114,7 @@ class RelayServer:
         self.limit_log = LimitLog(self.log)
         self.security_mode = config.security_mode
         self.metrics.security_open_mode.set(1 if self.security_mode == "open" else 0)
+        self.metrics.before_render(self._publish_counts)
         self.endpoint = Endpoint(endpoint_config(config))
         self.agones = AgonesClient(config.agones)      # does nothing unless agones.enabled
         self.rooms: dict[str, Room] = {}
@@ -129,6 +139,10 @@ class RelayServer:
         self._stats_task: Optional[asyncio.Task] = None
         self._seen_drops: dict[str, int] = {}
         self._seen_refusals: dict[str, int] = {}
+        # Per-input and per-datagram counts go to Prometheus once per tick, not one .inc() each.
+        self._input_outcomes: dict[str, int] = {}
+        self._traffic_seen = (0, 0, 0, 0)
+        self._rtt_cursor = 0
         self.stopped = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -140,9 +154,9 @@ class RelayServer:
         server = self.config.server
         # Batched syscalls (recvmmsg/sendmmsg) where the platform has them.
         open_udp = open_batched_driver if BATCHED_IO else open_driver
+        # Datagrams and bytes are counted by the driver and published with every tick.
         self.driver = await open_udp(
             self.endpoint, (server.udp_host, server.udp_port), self._process_events,
-            on_received=self._count_received, on_sent=self._count_sent,
             on_error=lambda exc: self.log.debug("udp_error", error=str(exc)))
         self.udp_address = self.driver.transport.get_extra_info("sockname")[:2]
         self._http_runner, self.http_port = await start_http(
@@ -205,13 +219,23 @@ class RelayServer:
 
     # -- datagrams --------------------------------------------------------------------------
 
-    def _count_received(self, size: int) -> None:
-        self.metrics.datagrams_received.inc()
-        self.metrics.bytes_received.inc(size)
-
-    def _count_sent(self, count: int, size: int) -> None:
-        self.metrics.datagrams_sent.inc(count)
-        self.metrics.bytes_sent.inc(size)
+    def _publish_counts(self) -> None:
+        """Counts kept as plain integers on the hot paths, into their metrics (every tick)."""
+        metrics = self.metrics
+        outcomes, self._input_outcomes = self._input_outcomes, {}
+        for outcome, count in outcomes.items():
+            metrics.inputs.labels(outcome=outcome).inc(count)
+        driver = self.driver
+        if driver is not None:
+            totals = (driver.datagrams_received, driver.bytes_received,
+                      driver.datagrams_sent, driver.bytes_sent)
+            seen = self._traffic_seen
+            if totals != seen:
+                self._traffic_seen = totals
+                metrics.datagrams_received.inc(totals[0] - seen[0])
+                metrics.bytes_received.inc(totals[1] - seen[1])
+                metrics.datagrams_sent.inc(totals[2] - seen[2])
+                metrics.bytes_sent.inc(totals[3] - seen[3])
 
     def _flush(self) -> None:
         if self.driver is not None:
@@ -220,34 +244,42 @@ class RelayServer:
     # -- core events ------------------------------------------------------------------------
 
     def _process_events(self, now: float) -> None:
+        if _fastpath is not None:
+            # INPUTs straight to their rooms in compiled code; every other event below.
+            _fastpath.route_events(self.endpoint, self._on_event, self.peer_room, self.rooms,
+                                   self._input_outcomes, self._refuse_input, now)
+            return
         endpoint = self.endpoint
         while (event := endpoint.next_event()) is not None:
-            kind = type(event)
-            if kind is MessageReceived:
-                self._on_message(event.peer_id, event.channel, event.payload, now)
-            elif kind is PeerConnected:
-                if event.claims is not None:
-                    self.peer_claims[event.peer_id] = event.claims
-                self.log.debug("peer_connected", peer=event.peer_id, address=str(event.address),
-                               player=event.claims.player if event.claims else None)
-            elif kind is PeerDisconnected:
-                self._on_disconnect(event.peer_id, event.reason, now)
-            elif kind is PeerMigrated:
-                # The core validated the new path and already sends there; the room is keyed
-                # by peer id, so nothing else moves.
-                self.metrics.migrations.inc()
-                room = self._room_of(event.peer_id)
-                self.log.info("peer_migrated", peer=event.peer_id,
-                              old_address=str(event.old_address),
-                              new_address=str(event.new_address),
-                              room=room.room_id if room else None)
-            elif kind is BlockDelivered:
-                room = self._room_of(event.peer_id)
-                if room is not None:
-                    room.on_block_delivered(event.peer_id)
-                self.metrics.blocks.labels(outcome="delivered").inc()
-            elif kind is BlockReceived:
-                self._drop(event.peer_id, "unexpected_block", "clients do not send blocks")
+            self._on_event(event, now)
+
+    def _on_event(self, event, now: float) -> None:
+        kind = type(event)
+        if kind is MessageReceived:
+            self._on_message(event.peer_id, event.channel, event.payload, now)
+        elif kind is PeerConnected:
+            if event.claims is not None:
+                self.peer_claims[event.peer_id] = event.claims
+            self.log.debug("peer_connected", peer=event.peer_id, address=str(event.address),
+                           player=event.claims.player if event.claims else None)
+        elif kind is PeerDisconnected:
+            self._on_disconnect(event.peer_id, event.reason, now)
+        elif kind is PeerMigrated:
+            # The core validated the new path and already sends there; the room is keyed
+            # by peer id, so nothing else moves.
+            self.metrics.migrations.inc()
+            room = self._room_of(event.peer_id)
+            self.log.info("peer_migrated", peer=event.peer_id,
+                          old_address=str(event.old_address),
+                          new_address=str(event.new_address),
+                          room=room.room_id if room else None)
+        elif kind is BlockDelivered:
+            room = self._room_of(event.peer_id)
+            if room is not None:
+                room.on_block_delivered(event.peer_id)
+            self.metrics.blocks.labels(outcome="delivered").inc()
+        elif kind is BlockReceived:
+            self._drop(event.peer_id, "unexpected_block", "clients do not send blocks")
 
     def _on_disconnect(self, peer_id: int, reason: str, now: float) -> None:
         self.notified.pop(peer_id, None)
@@ -279,7 +311,7 @@ class RelayServer:
             if outcome.startswith("refused:"):
                 self._refuse_input(peer_id, outcome[8:])
             else:
-                self.metrics.inputs.labels(outcome=outcome).inc()
+                self._input_outcomes[outcome] = self._input_outcomes.get(outcome, 0) + 1
             return
         if channel != CONTROL:
             self._drop(peer_id, "wrong_channel", "control messages go on channel 0")
@@ -404,6 +436,7 @@ class RelayServer:
             raise RelayError(f"start_players={start_players!r}: an integer in 1..{capacity}", "bad_option")
         room = Room(room_id, self.settings, self.tick_rate, now, start_policy=policy,
                     start_players=start_players, capacity=capacity)
+        room.broadcast_frames = True        # one Endpoint.send_many per frame
         self.rooms[room_id] = room
         self.agones.room_state(room_id, WAITING, 0)
         self.log.info("room_created", room=room_id, capacity=capacity, start_policy=policy,
@@ -428,15 +461,13 @@ class RelayServer:
                            kind=action.kind, bytes=len(action.data), error=str(error))
 
     def _carry_out(self, room: Room, action: Action) -> None:
-        if action.kind == "send":
+        if action.kind == "broadcast":
+            for peer_id in self.endpoint.send_many(action.peer_ids, action.channel, action.data):
+                self._send_queue_full(room, peer_id, action.channel)
+        elif action.kind == "send":
             if not self.endpoint.send(action.peer_id, action.channel, action.data):
                 if self.endpoint.is_connected(action.peer_id):
-                    # The peer's queue is at server.max_pending_messages.
-                    self.metrics.drops.labels(reason="send_queue_full").inc()
-                    self.limit_log("limit_reached", "send_queue_full", room=room.room_id,
-                                   peer=action.peer_id, limit=self.config.server.max_pending_messages)
-                    if action.channel == STREAM:
-                        room.on_send_failed(action.peer_id, "stream")
+                    self._send_queue_full(room, action.peer_id, action.channel)
         elif action.kind == "block":
             if self.endpoint.send_block(action.peer_id, action.data):
                 self.metrics.blocks.labels(outcome="started").inc()
@@ -445,6 +476,15 @@ class RelayServer:
         elif action.kind == "disconnect":
             self.peer_room.pop(action.peer_id, None)
             self.endpoint.disconnect(action.peer_id, action.reason)
+
+    def _send_queue_full(self, room: Room, peer_id: int, channel: int) -> None:
+        """The peer's queue is at server.max_pending_messages: the message is dropped (a frame
+        is repaired later with a block)."""
+        self.metrics.drops.labels(reason="send_queue_full").inc()
+        self.limit_log("limit_reached", "send_queue_full", room=room.room_id,
+                       peer=peer_id, limit=self.config.server.max_pending_messages)
+        if channel == STREAM:
+            room.on_send_failed(peer_id, "stream")
 
     def _report(self, room: Room, event) -> None:
         detail = event.detail
@@ -582,6 +622,7 @@ class RelayServer:
             if room.state == ENDED:
                 self._remove_room(room)
         self._flush()
+        self._publish_counts()
 
     def _remove_room(self, room: Room) -> None:
         self.rooms.pop(room.room_id, None)
@@ -622,9 +663,20 @@ class RelayServer:
         self._seen_refusals = refusals
         metrics.sync_refusals(refusals)
         self._check_replay_disk()
-        # Resends, redundant bytes, RTT and loss per peer (datagrams are counted at the socket).
-        endpoint = self.endpoint
-        metrics.sync_peers({peer_id: endpoint.peer_stats(peer_id) for peer_id in endpoint.peer_ids})
+        # Resends and redundant bytes over all peers, RTT and loss, in one pass in the core
+        # (datagrams are counted at the socket). A PeerStats per peer every second cost a
+        # tick's worth of time at a few thousand players.
+        metrics.sync_totals(**self.endpoint.traffic_totals())
+        rtts, loss = self.endpoint.link_samples()
+        metrics.loss.set(loss)
+        # At most RTT_SAMPLES_PER_SYNC observations per pass, taking turns over the peers.
+        if len(rtts) > RTT_SAMPLES_PER_SYNC:
+            start = self._rtt_cursor % len(rtts)
+            self._rtt_cursor = start + RTT_SAMPLES_PER_SYNC
+            rtts = (rtts + rtts)[start:start + RTT_SAMPLES_PER_SYNC]
+        for rtt in rtts:
+            metrics.rtt.observe(rtt)
+        self._publish_counts()
 
     # -- admin API (called by relay.http on the loop thread) ---------------------------------
 

@@ -66,6 +66,9 @@ class WakeTimer:
 
 
 class EndpointDriver(asyncio.DatagramProtocol):
+    """Counters: ``datagrams_received``, ``bytes_received``, ``datagrams_sent``, ``bytes_sent``.
+    """
+
     def __init__(self, endpoint: Endpoint, on_events: Callable[[float], None],
                  on_received: Optional[Callable[[int], None]] = None,
                  on_sent: Optional[Callable[[int, int], None]] = None,
@@ -77,6 +80,8 @@ class EndpointDriver(asyncio.DatagramProtocol):
         self.on_error = on_error
         self.transport: Optional[asyncio.DatagramTransport] = None
         self.loop = asyncio.get_running_loop()
+        self.datagrams_received = self.bytes_received = 0
+        self.datagrams_sent = self.bytes_sent = 0
         self._flush_pending = False
         self._wake = WakeTimer(self.loop, self._on_timer)
         self.closed = asyncio.Event()
@@ -96,6 +101,8 @@ class EndpointDriver(asyncio.DatagramProtocol):
             self.on_error(exc)
 
     def datagram_received(self, data: bytes, addr) -> None:
+        self.datagrams_received += 1
+        self.bytes_received += len(data)
         if self.on_received is not None:
             self.on_received(len(data))
         self.endpoint.receive(data, addr, self.loop.time())
@@ -124,6 +131,8 @@ class EndpointDriver(asyncio.DatagramProtocol):
         for data, addr in sent:
             sendto(data, addr)
             size += len(data)
+        self.datagrams_sent += len(sent)
+        self.bytes_sent += size
         if sent and self.on_sent is not None:
             self.on_sent(len(sent), size)
         self._arm_timer(now)
@@ -178,7 +187,8 @@ class BatchedEndpointDriver:
     datagrams, sent in order when the socket is writable; beyond that datagrams are dropped and
     counted in ``dropped`` (and reported to ``on_error``), never silently.
 
-    Counters: ``dropped`` (send queue overflow, or left unsent at close), ``send_failed`` (refused
+    Counters: ``datagrams_received``, ``bytes_received``, ``datagrams_sent`` and ``bytes_sent``
+    (what the kernel took), ``dropped`` (send queue overflow, or left unsent at close), ``send_failed`` (refused
     by the kernel or unusable addresses: each is reported to ``on_error``), and the BatchSocket's
     ``send_errors`` / ``recv_errors`` (ICMP-style losses) and ``truncated`` (received datagrams
     longer than ``max_size``), all reported to ``on_error`` as they happen.
@@ -208,6 +218,8 @@ class BatchedEndpointDriver:
         self.is_closing = False
         self.dropped = 0
         self.send_failed = 0
+        self.datagrams_received = self.bytes_received = 0
+        self.datagrams_sent = self.bytes_sent = 0
         self._queue: list = []
         self._queue_head = 0
         self._writing = False
@@ -239,12 +251,12 @@ class BatchedEndpointDriver:
             return
         io = self.io
         recv = io.recv
-        receive = self.endpoint.receive
+        endpoint = self.endpoint
         on_received = self.on_received
         time = self.loop.time
         full = io.max_datagrams
         io_errors, truncated = io.recv_errors + io.send_errors, io.truncated
-        count = 0
+        count = size = 0
         for _ in range(self.max_batches):
             try:
                 batch = recv()
@@ -253,17 +265,15 @@ class BatchedEndpointDriver:
                 break
             if not batch:
                 break
-            now = time()
-            if on_received is None:
-                for data, addr in batch:
-                    receive(data, addr, now)
-            else:
-                for data, addr in batch:
+            if on_received is not None:
+                for data, _addr in batch:
                     on_received(len(data))
-                    receive(data, addr, now)
+            size += endpoint.receive_batch(batch, time())
             count += len(batch)
             if len(batch) < full:
                 break           # drained: spare the syscall that would say EAGAIN
+        self.datagrams_received += count
+        self.bytes_received += size
         if io.recv_errors + io.send_errors != io_errors or io.truncated != truncated:
             self._lost(io_errors, truncated)
         if count:
@@ -336,6 +346,8 @@ class BatchedEndpointDriver:
             size += io.last_sent_bytes
             start += done
             break
+        self.datagrams_sent += count
+        self.bytes_sent += size
         if count and self.on_sent is not None:
             self.on_sent(count, size)
         if io.recv_errors + io.send_errors != io_errors:

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
+from relay_core.channel cimport SendChannel
 from relay_core.fragment cimport MemoryBudget
 from relay_core.peer cimport (
     Peer, STATE_CONNECTING, STATE_CHALLENGED, STATE_CONNECTED, STATE_DISCONNECTING, STATE_CLOSED,
@@ -104,6 +105,10 @@ cdef class Endpoint:
     cdef Py_ssize_t path_challenge_budget
     cdef double path_retry_interval
     cdef dict path_counts
+
+    # traffic of peers already closed, so that totals over all peers never go down
+    cdef uint64_t closed_resends
+    cdef uint64_t closed_redundant_bytes
 
     def __init__(self, config=None, unix_offset=None):
         self.config = (config if config is not None else EndpointConfig()).validate()
@@ -196,6 +201,36 @@ cdef class Endpoint:
         self.dirty.add(peer_id)
         return peer.queue_message(channel, payload)
 
+    def send_many(self, peer_ids, int channel, bytes payload):
+        """``send`` of one payload to many peers (a room's frame to its members) in one call.
+
+        Peers that are gone or closing are skipped, as ``send`` would refuse them. Returns the
+        ids of connected peers whose channel queue was full (``max_pending``), in order.
+        """
+        cdef Peer peer
+        cdef SendChannel sender
+        cdef list refused = []
+        if not 0 <= channel < len(self.size_limits):
+            raise ValueError(f"channel {channel} does not exist (0..{len(self.size_limits) - 1})")
+        limit, advice = self.size_limits[channel]
+        cdef Py_ssize_t largest = limit
+        cdef Py_ssize_t size = len(payload)
+        cdef bint unreliable = self.unreliable_channels[channel]
+        if size > largest:
+            raise ValueError(f"message of {size} bytes on channel {channel} {advice} ({largest} bytes)")
+        for peer_id in peer_ids:
+            peer = self.peers.get(peer_id)
+            if peer is None or peer.state >= STATE_DISCONNECTING:
+                continue
+            if unreliable and size > largest - peer.reserve:
+                raise ValueError(f"message of {size} bytes on channel {channel} {advice} "
+                                 f"({largest - peer.reserve} bytes)")
+            self.dirty.add(peer_id)
+            sender = peer.send_channels[channel]
+            if not sender.queue(payload) and peer.state == STATE_CONNECTED:
+                refused.append(peer_id)
+        return refused
+
     def send_block(self, int peer_id, bytes data):
         """Queue a large payload for block transfer; False if the peer is gone or too many
         blocks are queued. A BlockDelivered event follows once the peer has all of it."""
@@ -223,6 +258,20 @@ cdef class Endpoint:
     def receive(self, data, address, double now):
         """Process one datagram from ``address``. Never raises for bad input: a datagram that
         cannot be used is counted in ``drops`` under its reason."""
+        self._receive(data, address, now)
+
+    def receive_batch(self, list datagrams, double now):
+        """``receive`` for each (data, address) of a list (a recvmmsg batch) in one call;
+        returns the number of bytes received."""
+        cdef Py_ssize_t size = 0
+        cdef tuple item
+        for item in datagrams:
+            data = item[0]
+            size += len(data)
+            self._receive(data, item[1], now)
+        return size
+
+    cdef void _receive(self, object data, object address, double now):
         cdef bytes datagram = data if type(data) is bytes else bytes(data)
         cdef Py_ssize_t n = len(datagram)
         cdef const uint8_t* p = <const uint8_t*><const char*>datagram
@@ -331,6 +380,35 @@ cdef class Endpoint:
     def next_event(self):
         """The oldest undelivered event, or None."""
         return self.events.popleft() if self.events else None
+
+    def traffic_totals(self):
+        """Totals over every peer this endpoint has had, the closed ones included (so they
+        only grow): ``resends`` and ``redundant_bytes``. One pass in C, for periodic metrics."""
+        cdef uint64_t resends = self.closed_resends, redundant = self.closed_redundant_bytes
+        cdef Peer peer
+        cdef SendChannel channel
+        for peer in self.peers.values():
+            for channel in peer.send_channels:
+                resends += channel.resends
+                redundant += channel.redundant_bytes
+        return {"resends": resends, "redundant_bytes": redundant}
+
+    def link_samples(self):
+        """(smoothed RTTs of the connected peers that have a sample, mean loss estimate over
+        the connected peers): what the periodic RTT and loss metrics need, without a PeerStats
+        per peer."""
+        cdef list rtts = []
+        cdef double loss = 0.0
+        cdef Py_ssize_t connected = 0
+        cdef Peer peer
+        for peer in self.peers.values():
+            if peer.state != STATE_CONNECTED:
+                continue
+            connected += 1
+            loss += peer.loss
+            if peer.rtt.has_sample and peer.rtt.srtt > 0.0:
+                rtts.append(peer.rtt.srtt)
+        return rtts, (loss / connected if connected else 0.0)
 
     def peer_stats(self, int peer_id):
         cdef Peer peer = self.peers[peer_id]
@@ -735,8 +813,12 @@ cdef class Endpoint:
 
     cdef void _close(self, Peer peer, str reason, int code):
         """Remove a peer now; with code >= 0 a DISCONNECT goes out in the next flush."""
+        cdef SendChannel channel
+        if self.peers.pop(peer.peer_id, None) is not None:
+            for channel in peer.send_channels:
+                self.closed_resends += channel.resends
+                self.closed_redundant_bytes += channel.redundant_bytes
         self.peers_by_address.pop(peer.address, None)
-        self.peers.pop(peer.peer_id, None)
         if self.sessions.get(peer.session_id) is peer:
             del self.sessions[peer.session_id]
         peer.release()

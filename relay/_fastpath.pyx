@@ -1,0 +1,121 @@
+"""Compiled hot path of the relay server: INPUT messages from the core's events to the rooms.
+
+Every player sends an INPUT every frame, so this is the server's per-player-per-tick receive
+work. ``route_events`` drains the endpoint's events in order; a well-formed INPUT on the STREAM
+channel from a player in a room goes straight to ``Room.on_input_fields`` and its outcome is
+counted in a dict (the server turns the counts into metrics once per tick). Everything else --
+control messages, connects and disconnects, malformed or unusual INPUTs, refusals -- goes to the
+server's ``on_other(event, now)`` exactly as before, so both paths give the same result for the
+same message (tests/test_fastpath.py), and events keep their order.
+
+``decode_input`` reads only the canonical msgpack encoding of an INPUT (what every client
+library writes: ``[5, frame, bin payload, have]`` with the shortest integer forms); any other
+encoding returns None and the message takes the general decoder in relay.protocol, which
+accepts or rejects it with a reason.
+"""
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint8_t, uint32_t, int64_t
+
+from relay_core.events import MessageReceived
+
+cdef enum:
+    INPUT_TYPE = 5
+    STREAM_CHANNEL = 1
+
+
+cdef inline Py_ssize_t _read_uint(const uint8_t* p, Py_ssize_t pos, Py_ssize_t n,
+                                  int64_t* value) noexcept:
+    """A non-negative msgpack integer below 2^32 in its shortest form; the next position, or -1."""
+    cdef uint8_t tag
+    if pos >= n:
+        return -1
+    tag = p[pos]
+    if tag < 0x80:
+        value[0] = tag
+        return pos + 1
+    if tag == 0xCC and pos + 2 <= n and p[pos + 1] >= 0x80:
+        value[0] = p[pos + 1]
+        return pos + 2
+    if tag == 0xCD and pos + 3 <= n:
+        value[0] = (<int64_t>p[pos + 1] << 8) | p[pos + 2]
+        return pos + 3 if value[0] > 0xFF else -1
+    if tag == 0xCE and pos + 5 <= n:
+        value[0] = ((<int64_t>p[pos + 1] << 24) | (<int64_t>p[pos + 2] << 16)
+                    | (<int64_t>p[pos + 3] << 8) | p[pos + 4])
+        return pos + 5 if value[0] > 0xFFFF else -1
+    return -1
+
+
+cpdef tuple decode_input(bytes data):
+    """(frame, payload, have) of an INPUT message in canonical msgpack, else None (anything
+    else, valid or not, is for relay.protocol.decode_client_message)."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t pos, length
+    cdef int64_t frame = 0, have = 0
+    cdef uint8_t tag
+    if n < 5 or p[0] != 0x94 or p[1] != INPUT_TYPE:
+        return None
+    pos = _read_uint(p, 2, n, &frame)
+    if pos < 0 or pos >= n:
+        return None
+    tag = p[pos]
+    if tag == 0xC4 and pos + 2 <= n:
+        length = p[pos + 1]
+        pos += 2
+    elif tag == 0xC5 and pos + 3 <= n:
+        length = (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
+        pos += 3
+    elif tag == 0xC6 and pos + 5 <= n:
+        length = ((<Py_ssize_t>p[pos + 1] << 24) | (<Py_ssize_t>p[pos + 2] << 16)
+                  | (<Py_ssize_t>p[pos + 3] << 8) | p[pos + 4])
+        pos += 5
+    else:
+        return None
+    if length > n - pos:
+        return None
+    payload = PyBytes_FromStringAndSize(<const char*>p + pos, length)
+    pos += length
+    if pos < n and p[pos] == 0xFF:          # -1: the client holds no frame yet
+        have = -1
+        pos += 1
+    else:
+        pos = _read_uint(p, pos, n, &have)
+        if pos < 0:
+            return None
+    if pos != n:
+        return None
+    return frame, payload, have
+
+
+def route_events(endpoint, object on_other, dict peer_room, dict rooms, dict outcomes,
+                 object on_refused, double now):
+    """Drain ``endpoint``'s events: canonical INPUTs on STREAM from peers in a room go to the
+    room (``on_input_fields``), with outcomes counted in ``outcomes`` and refusals passed to
+    ``on_refused(peer_id, reason)``; every other event goes to ``on_other(event, now)``.
+    Returns the number of inputs handled here."""
+    cdef Py_ssize_t handled = 0
+    cdef tuple decoded
+    cdef str outcome
+    next_event = endpoint.next_event
+    while True:
+        event = next_event()
+        if event is None:
+            break
+        if type(event) is MessageReceived and (<int>event.channel) == STREAM_CHANNEL:
+            payload = event.payload
+            decoded = decode_input(payload) if type(payload) is bytes else None
+            if decoded is not None:
+                peer_id = event.peer_id
+                room_id = peer_room.get(peer_id)
+                room = rooms.get(room_id) if room_id is not None else None
+                if room is not None:
+                    outcome = room.on_input_fields(peer_id, decoded[0], decoded[1], decoded[2], now)
+                    if outcome.startswith("refused:"):
+                        on_refused(peer_id, outcome[8:])
+                    else:
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                    handled += 1
+                    continue
+        on_other(event, now)
+    return handled
