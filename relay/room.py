@@ -20,12 +20,13 @@ delay the player needs for its inputs to make their frames; the room advises it 
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 from typing import Optional
 
 from relay import protocol
 from relay.config import RoomSettings
+from relay.history import FrameHistory
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
@@ -107,14 +108,42 @@ class Member:
     """Players only: input response times and the advice sent."""
 
 
+class Recent:
+    """The last ``window`` values of a number series in a flat ring (8 bytes a value: a player's
+    timing is kept for every player, so a deque of float objects would cost ~4x as much)."""
+
+    __slots__ = ("values", "count", "next")
+
+    def __init__(self, window: int, typecode: str = "d"):
+        self.values = array(typecode, bytes(array(typecode).itemsize * window))
+        self.count = 0
+        self.next = 0
+
+    def append(self, value) -> None:
+        values = self.values
+        values[self.next] = value
+        self.next = (self.next + 1) % len(values)
+        if self.count < len(values):
+            self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        values = self.values
+        return iter(values[:self.count] if self.count < len(values) else values)
+
+
 class InputTiming:
     """One player's recent input response times and the input delay advised from them."""
 
+    __slots__ = ("responses", "late", "advised", "advised_at", "response_ms")
+
     def __init__(self, window: int):
-        self.responses: deque[float] = deque(maxlen=window)
+        self.responses = Recent(window)
         """Seconds from the close of frame ``have`` to the arrival of the input carrying it."""
-        self.late: deque[bool] = deque(maxlen=window)
-        """Per recent input: it arrived after its frame had closed."""
+        self.late = Recent(window, "b")
+        """Per recent input: 1 if it arrived after its frame had closed."""
         self.advised: Optional[int] = None
         self.advised_at = 0.0
         self.response_ms = 0
@@ -142,7 +171,9 @@ class Room:
         self.slots: list[Slot] = []
         self.members: dict[int, Member] = {}
         self.open_frame = 0
-        self.history: list[bytes] = []
+        # The newest frames in memory (a delayed spectator's come from there every tick), the
+        # rest in a temporary file: a long match's history would outweigh its players.
+        self.history = FrameHistory(keep=settings.spectator_delay + 32)
         self.pending_inputs: dict[int, dict[int, bytes]] = {}
         self.pending_events: list[list] = []
         self.last_inputs: list = []
@@ -419,7 +450,7 @@ class Room:
         for frame have + d when the client held frame ``have``, so d must exceed this time in
         frames for it to be on time. Inputs sent while catching up say nothing about the link."""
         timing = member.timing
-        timing.late.append(frame < self.open_frame)
+        timing.late.append(1 if frame < self.open_frame else 0)
         if have < 0 or have >= self.open_frame or member.catching_up:
             return
         closed = self._close_times[have % CLOSE_TIMES_KEPT]

@@ -626,6 +626,7 @@ class RelayServer:
 
     def _remove_room(self, room: Room) -> None:
         self.rooms.pop(room.room_id, None)
+        room.history.close()
         for peer_id in list(room.members):
             self.peer_room.pop(peer_id, None)
         if self.draining and not self.rooms:
