@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import os
 import re
 import time
@@ -42,6 +43,9 @@ except ImportError:         # not built (a source checkout without build_ext): t
 ROOM_OPTIONS = {"capacity", "start_policy", "start_players"}
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
+
+GC_THRESHOLD = 20_000
+"""Allocations between young-generation collections while a server runs (default 700)."""
 
 RTT_SAMPLES_PER_SYNC = 256
 """Peers' smoothed RTTs observed into relay_peer_rtt_seconds per stats pass (once a second);
@@ -169,6 +173,13 @@ class RelayServer:
                 detail="SECURITY: anyone who can reach this address may join any room as any "
                        "player and read its frames; set security.mode = \"token\" and keys "
                        "(docs/SECURITY.md)")
+        # Every datagram, event and tick allocates a few short-lived containers; at the default
+        # threshold (700) the cyclic collector ran ~100 times a second at 500 players (~6 % of
+        # the CPU). Nothing on the hot paths forms cycles, so collect far less often, and keep
+        # what exists at start-up (modules, config) out of every collection.
+        if gc.get_threshold()[0] < GC_THRESHOLD:
+            gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+        gc.freeze()
         self._scheduler = TickScheduler(self.tick_rate, self._tick, self.metrics)
         self._scheduler.start()
         self._stats_task = self.loop.create_task(self._stats_loop())

@@ -29,7 +29,7 @@ from collections import deque
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
@@ -57,6 +57,16 @@ from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
 
+cdef struct DueEntry:
+    double deadline
+    int peer_id
+    unsigned long long generation       # the peer's schedule_generation when it was pushed
+
+
+cdef inline bint due_before(DueEntry* a, DueEntry* b) noexcept:
+    return a.deadline < b.deadline or (a.deadline == b.deadline and a.peer_id < b.peer_id)
+
+
 cdef inline uint32_t time_ms32(double now) noexcept:
     return <uint32_t>(<int64_t>(now * 1000.0) & 0xFFFFFFFF)
 
@@ -71,7 +81,12 @@ cdef class Endpoint:
     # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
     # idle peers then pays nothing per call for them.
     cdef set dirty
-    cdef list due_heap                  # (deadline, peer_id, schedule_generation)
+    # A binary min-heap of (deadline, peer_id, generation) in C: pushed on every visit, so a
+    # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
+    # whose generation is no longer the peer's are superseded and dropped when they surface.
+    cdef DueEntry* due_heap
+    cdef Py_ssize_t due_count
+    cdef Py_ssize_t due_capacity
     cdef list control_out              # handshake replies waiting for datagrams_to_send
     cdef object events
     cdef uint64_t drop_counts[DROP_REASON_COUNT]
@@ -117,7 +132,6 @@ cdef class Endpoint:
         self.sessions = {}
         self.closing = []
         self.dirty = set()
-        self.due_heap = []
         self.control_out = []
         self.events = deque()
         self.refusal_counts = {}
@@ -159,6 +173,7 @@ cdef class Endpoint:
 
     def __dealloc__(self):
         PyMem_Free(self.scratch)
+        PyMem_Free(self.due_heap)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -347,35 +362,89 @@ cdef class Endpoint:
     def next_timeout(self):
         """The earliest time something is due, or None when there is nothing to wait for."""
         cdef Peer peer
-        cdef tuple entry
         if self.control_out or self.closing or self.dirty:
             return 0.0
-        while self.due_heap:
-            entry = self.due_heap[0]
-            peer = self.peers.get(entry[1])
-            if peer is not None and peer.schedule_generation == entry[2]:
-                return entry[0]
-            heapq.heappop(self.due_heap)        # superseded, or the peer is gone
+        while self.due_count:
+            peer = self.peers.get(self.due_heap[0].peer_id)
+            if peer is not None and peer.schedule_generation == self.due_heap[0].generation:
+                return self.due_heap[0].deadline
+            self._due_pop()                     # superseded, or the peer is gone
         return None
 
     cdef list _due_peers(self, double now):
         """Peers touched since their last flush, and peers whose scheduled deadline has come."""
         cdef set ids = self.dirty
-        cdef tuple entry
+        cdef DueEntry entry
         cdef Peer peer
         self.dirty = set()
-        while self.due_heap and self.due_heap[0][0] <= now:
-            entry = heapq.heappop(self.due_heap)
-            peer = self.peers.get(entry[1])
-            if peer is not None and peer.schedule_generation == entry[2]:
-                ids.add(entry[1])
+        while self.due_count and self.due_heap[0].deadline <= now:
+            entry = self._due_pop()
+            peer = self.peers.get(entry.peer_id)
+            if peer is not None and peer.schedule_generation == entry.generation:
+                ids.add(entry.peer_id)
         return [self.peers[peer_id] for peer_id in ids if peer_id in self.peers]
 
     cdef void _schedule(self, Peer peer):
         cdef double deadline = peer.next_deadline()
         peer.schedule_generation += 1
         if deadline >= 0.0:
-            heapq.heappush(self.due_heap, (deadline, peer.peer_id, peer.schedule_generation))
+            self._due_push(deadline, peer.peer_id, peer.schedule_generation)
+
+    cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1:
+        cdef Py_ssize_t i, parent, capacity
+        cdef DueEntry* grown
+        cdef DueEntry entry
+        if self.due_count == self.due_capacity:
+            capacity = max(256, 2 * self.due_capacity)
+            grown = <DueEntry*>PyMem_Realloc(self.due_heap, capacity * sizeof(DueEntry))
+            if grown == NULL:
+                raise MemoryError()
+            self.due_heap = grown
+            self.due_capacity = capacity
+        entry.deadline = deadline
+        entry.peer_id = peer_id
+        entry.generation = generation
+        i = self.due_count
+        self.due_count += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not due_before(&entry, &self.due_heap[parent]):
+                break
+            self.due_heap[i] = self.due_heap[parent]
+            i = parent
+        self.due_heap[i] = entry
+        return 0
+
+    cdef DueEntry _due_pop(self) noexcept:
+        """Remove and return the earliest entry (the heap must not be empty)."""
+        cdef DueEntry top = self.due_heap[0]
+        cdef DueEntry last
+        cdef Py_ssize_t i = 0, child, n
+        self.due_count -= 1
+        n = self.due_count
+        if n:
+            last = self.due_heap[n]
+            while True:
+                child = 2 * i + 1
+                if child >= n:
+                    break
+                if child + 1 < n and due_before(&self.due_heap[child + 1], &self.due_heap[child]):
+                    child += 1
+                if not due_before(&self.due_heap[child], &last):
+                    break
+                self.due_heap[i] = self.due_heap[child]
+                i = child
+            self.due_heap[i] = last
+        if self.due_capacity > 4096 and n < self.due_capacity // 8:
+            self._due_shrink()
+        return top
+
+    cdef void _due_shrink(self) noexcept:
+        cdef Py_ssize_t capacity = self.due_capacity // 2
+        cdef DueEntry* smaller = <DueEntry*>PyMem_Realloc(self.due_heap, capacity * sizeof(DueEntry))
+        if smaller != NULL:
+            self.due_heap = smaller
+            self.due_capacity = capacity
 
     def next_event(self):
         """The oldest undelivered event, or None."""
