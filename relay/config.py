@@ -74,6 +74,9 @@ class ServerSettings:
     """Longest the final shutdown (after draining) may take before the process exits anyway, seconds."""
     max_peers: int = 4096
     """Connected clients (players and spectators) across all rooms."""
+    join_timeout: float = 10.0
+    """A connection that is in no room this long (it never sent JOIN, or it left) is closed,
+    seconds: idle connections must not hold the peer slots players need."""
     mtu: int = 1200
     max_pending_messages: int = 4096
     """Messages queued for one peer on one channel behind a full window; past it a frame is
@@ -95,6 +98,7 @@ class ServerSettings:
         _check_range("server.drain_timeout", self.drain_timeout, 0.0, 86400.0)
         _check_range("server.shutdown_timeout", self.shutdown_timeout, 0.1, 300.0)
         _check_range("server.max_peers", self.max_peers, 1, 1_000_000)
+        _check_range("server.join_timeout", self.join_timeout, 1.0, 3600.0)
         # A reliable message of 256 KiB (a frame, a control message) must fit 255 fragments,
         # each a datagram less its headers and, in token mode, the 16-byte AEAD tag.
         _check_range("server.mtu", self.mtu, 1072, 16384)

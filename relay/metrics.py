@@ -41,7 +41,7 @@ BLOCK_OUTCOMES = ("started", "delivered")
 JOIN_OUTCOMES = ("joined", "reconnected", "spectator", "refused")
 JOIN_REFUSAL_REASONS = ("room_full", "spectators_full", "too_many_rooms", "unknown_room",
                         "draining", "running", "room_ended", "slot_expired", "already_joined",
-                        "wrong_room", "wrong_player")
+                        "wrong_room", "wrong_player", "join_timeout")
 """The usual refusal reasons, created at zero; any other reason gets its series when it happens."""
 HANDSHAKE_REFUSAL_REASONS = ("server_full", "token_invalid", "token_expired", "token_used",
                              "token_required", "token_unsupported")

@@ -124,6 +124,8 @@ class RelayServer:
         self.rooms: dict[str, Room] = {}
         self.peer_room: dict[int, str] = {}
         self.peer_claims: dict[int, TokenClaims] = {}
+        self._roomless: dict[int, float] = {}
+        """Connections in no room -> when they were first seen so (see _close_roomless)."""
         """Token mode: who each connection's token says it is (room, player)."""
         self.replays: dict[str, ReplayWriter] = {}
         self.notified: dict[int, set[str]] = {}
@@ -647,9 +649,25 @@ class RelayServer:
         while True:
             await asyncio.sleep(1.0)
             try:
+                self._close_roomless(self.loop.time())
                 self._sync_stats()
             except Exception:        # never let metrics kill the server
                 self.log.exception("stats_failed")
+
+    def _close_roomless(self, now: float) -> None:
+        """Close connections that have been in no room for server.join_timeout (checked once a
+        second): anyone who can finish a handshake could otherwise hold every peer slot."""
+        timeout = self.config.server.join_timeout
+        since, self._roomless = self._roomless, {}
+        for peer_id in self.endpoint.peer_ids:
+            if peer_id in self.peer_room:
+                continue
+            first_seen = since.get(peer_id, now)
+            if now - first_seen < timeout:
+                self._roomless[peer_id] = first_seen
+            elif self.endpoint.disconnect(peer_id, "timeout"):
+                self.metrics.refusals.labels(reason="join_timeout").inc()
+                self.limit_log("connections_closed", "join_timeout")
 
     def _sync_stats(self) -> None:
         metrics = self.metrics

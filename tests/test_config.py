@@ -122,6 +122,7 @@ def test_tick_rate_out_of_range_names_key_value_and_range(tmp_path):
 @pytest.mark.parametrize("key, value, allowed", [
     ("server.udp_port", "70000", "0..65535"),
     ("server.mtu", "576", "1072..16384"),
+    ("server.join_timeout", "0.5", "1.0..3600.0"),
     ("rooms.capacity", "0", "1..256"),
     ("rooms.max_input_bytes", "5000", "1..4096"),
     ("rooms.catchup_frames", "1", "2..1000000"),

@@ -572,15 +572,12 @@ def test_connections_that_never_join_a_room_do_not_hold_the_relay_full(tmp_path,
     """Real connections (handshake done, heartbeats flowing) that never send a JOIN must not
     keep their peer slots for ever: otherwise whoever can open max_peers of them (in open mode
     anyone; the handshake rate limit only slows it down) turns every player away with
-    server_full for as long as they like.
-
-    FAILS as of this commit: the relay keeps such connections indefinitely (relay/server.py
-    has no limit on the time from connect to JOIN). Owner: relay server."""
+    server_full for as long as they like: server.join_timeout closes them."""
     from relay.client import RelayError, client_config
     from relay.transport import open_driver
     from relay_core import Endpoint
 
-    relay = Relay(tmp_path, mode, server_max_peers=12, rooms_player_timeout=1.5)
+    relay = Relay(tmp_path, mode, server_max_peers=12, server_join_timeout=1.5)
     try:
         async def scenario():
             idle = []
@@ -598,7 +595,7 @@ def test_connections_that_never_join_a_room_do_not_hold_the_relay_full(tmp_path,
                                           token=mint_token(KEY, KEY_ID, "r", "player", 120.0)
                                           if mode == "token" else None)
             assert "server_full" in str(refused.value)
-            # A few player timeouts later the idle connections are gone and a player gets in.
+            # A few join timeouts later the idle connections are gone and a player gets in.
             await asyncio.sleep(6 * 1.5)
             peers = (await loop.run_in_executor(None, relay.health))["peers"]
             for driver in idle:
