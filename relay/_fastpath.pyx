@@ -1,4 +1,5 @@
-"""Compiled hot path of the relay server: INPUT messages from the core's events to the rooms.
+"""Compiled hot paths of the relay server: INPUT messages from the core's events to the rooms,
+and the FRAME encoder.
 
 Every player sends an INPUT every frame, so this is the server's per-player-per-tick receive
 work. ``route_events`` drains the endpoint's events in order; a well-formed INPUT on the STREAM
@@ -15,6 +16,7 @@ accepts or rejects it with a reason.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint32_t, int64_t
+from libc.string cimport memcpy
 
 from relay_core.events import MessageReceived
 
@@ -119,3 +121,96 @@ def route_events(endpoint, object on_other, dict peer_room, dict rooms, dict out
                     continue
         on_other(event, now)
     return handled
+
+
+cdef object _protocol_encode(frame, previous):
+    # Imported here: relay.protocol imports this module.
+    from relay.protocol import encode_frame
+    return encode_frame(frame, previous)
+
+
+cdef inline Py_ssize_t _varint_size(Py_ssize_t value) noexcept:
+    cdef Py_ssize_t size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size
+
+
+cdef inline Py_ssize_t _put_varint(uint8_t* out, Py_ssize_t pos, Py_ssize_t value) noexcept:
+    while value >= 0x80:
+        out[pos] = <uint8_t>((value & 0x7F) | 0x80)
+        value >>= 7
+        pos += 1
+    out[pos] = <uint8_t>value
+    return pos + 1
+
+
+def encode_frame(frame, previous=None):
+    """relay.protocol.encode_frame compiled, byte for byte (tests/test_fastpath.py): the room
+    encodes one frame per tick. Frames with membership events take the Python encoder."""
+    if frame.events:
+        return _protocol_encode(frame, previous)
+    cdef list inputs = frame.inputs
+    cdef list synthesized = frame.synthesized
+    cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3
+    cdef Py_ssize_t slot, size, pos, length, previous_count
+    cdef Py_ssize_t number = frame.number
+    cdef bint any_same = False
+    cdef bytearray present, same, synth
+    cdef object payload
+    if previous is None:
+        previous = ()
+    previous_count = len(previous)
+    present = bytearray(width)
+    same = bytearray(width)
+    synth = bytearray(width)
+    size = 1 + _varint_size(number) + 1 + _varint_size(count)
+    for slot in range(count):
+        payload = inputs[slot]
+        if payload is None:
+            continue
+        if type(payload) is not bytes:
+            return _protocol_encode(frame, previous)
+        present[slot >> 3] |= 1 << (slot & 7)
+        if slot < previous_count and previous[slot] == payload:
+            same[slot >> 3] |= 1 << (slot & 7)
+            any_same = True
+        else:
+            length = PyBytes_GET_SIZE(payload)
+            size += _varint_size(length) + length
+    for value in synthesized:
+        slot = value
+        if not 0 <= slot < count or inputs[slot] is None:
+            raise ValueError(f"synthesized slot {slot} has no input in frame {frame.number}")
+        synth[slot >> 3] |= 1 << (slot & 7)
+    size += width * (1 + (1 if any_same else 0) + (1 if synthesized else 0))
+    out = PyBytes_FromStringAndSize(NULL, size)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef const uint8_t* src
+    p[0] = 0xC1
+    pos = _put_varint(p, 1, number)
+    p[pos] = (0x01 if any_same else 0) | (0x02 if synthesized else 0)
+    pos = _put_varint(p, pos + 1, count)
+    for slot in range(width):
+        p[pos + slot] = present[slot]
+    pos += width
+    if any_same:
+        for slot in range(width):
+            p[pos + slot] = same[slot]
+        pos += width
+    if synthesized:
+        for slot in range(width):
+            p[pos + slot] = synth[slot]
+        pos += width
+    for slot in range(count):
+        payload = inputs[slot]
+        if payload is None or same[slot >> 3] & (1 << (slot & 7)):
+            continue
+        length = PyBytes_GET_SIZE(payload)
+        pos = _put_varint(p, pos, length)
+        src = <const uint8_t*>PyBytes_AS_STRING(payload)
+        memcpy(p + pos, src, length)
+        pos += length
+    return out
+

@@ -205,7 +205,7 @@ class Frame:
     def encode(self, previous: Optional[list] = None) -> bytes:
         """The compact FRAME message; ``previous`` is the previous frame's ``inputs`` (None: no
         "same as previous" references, a frame any decoder can read on its own)."""
-        return encode_frame(self, previous)
+        return (_compiled_encode_frame or encode_frame)(self, previous)
 
 
 # -- compact frames ---------------------------------------------------------------------------
@@ -449,3 +449,11 @@ def decode_history(block: bytes, max_size: int = 64 * 1024 * 1024) -> tuple[int,
     except Exception as error:
         raise ProtocolError("malformed", f"bad history block: {error}") from None
     return first, frames
+
+
+# The relay encodes a frame per room per tick: relay/_fastpath.pyx has the same encoder
+# compiled (byte for byte: tests/test_fastpath.py). Imported last: it falls back to encode_frame.
+try:
+    from relay._fastpath import encode_frame as _compiled_encode_frame
+except ImportError:         # not built
+    _compiled_encode_frame = None

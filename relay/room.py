@@ -114,8 +114,8 @@ class Recent:
 
     __slots__ = ("values", "count", "next")
 
-    def __init__(self, window: int, typecode: str = "d"):
-        self.values = array(typecode, bytes(array(typecode).itemsize * window))
+    def __init__(self, window: int):
+        self.values = array("d", bytes(8 * window))       # zeros, no float object per slot
         self.count = 0
         self.next = 0
 
@@ -137,13 +137,19 @@ class Recent:
 class InputTiming:
     """One player's recent input response times and the input delay advised from them."""
 
-    __slots__ = ("responses", "late", "advised", "advised_at", "response_ms")
+    __slots__ = ("responses", "late", "late_count", "late_next", "late_seen", "advised",
+                 "advised_at", "response_ms")
 
     def __init__(self, window: int):
         self.responses = Recent(window)
         """Seconds from the close of frame ``have`` to the arrival of the input carrying it."""
-        self.late = Recent(window, "b")
-        """Per recent input: 1 if it arrived after its frame had closed."""
+        self.late = bytearray(window)
+        """Per recent input (a ring): 1 if it arrived after its frame had closed."""
+        self.late_count = 0
+        """Ones in ``late``."""
+        self.late_next = 0
+        self.late_seen = 0
+        """Inputs in ``late`` (up to its length)."""
         self.advised: Optional[int] = None
         self.advised_at = 0.0
         self.response_ms = 0
@@ -450,7 +456,15 @@ class Room:
         for frame have + d when the client held frame ``have``, so d must exceed this time in
         frames for it to be on time. Inputs sent while catching up say nothing about the link."""
         timing = member.timing
-        timing.late.append(1 if frame < self.open_frame else 0)
+        # The late ring with its count kept up to date: once per input for every player.
+        late = 1 if frame < self.open_frame else 0
+        ring = timing.late
+        index = timing.late_next
+        timing.late_count += late - ring[index]
+        ring[index] = late
+        timing.late_next = index + 1 if index + 1 < len(ring) else 0
+        if timing.late_seen < len(ring):
+            timing.late_seen += 1
         if have < 0 or have >= self.open_frame or member.catching_up:
             return
         closed = self._close_times[have % CLOSE_TIMES_KEPT]
@@ -482,13 +496,13 @@ class Room:
             return
         timing.advised, timing.advised_at = advised, now
         timing.response_ms = round(response * 1000)
-        late = sum(timing.late)
+        late = timing.late_count
         self.actions.append(Action("send", member.peer_id, CONTROL, protocol.input_delay(
-            advised, timing.response_ms, late, len(timing.late))))
+            advised, timing.response_ms, late, timing.late_seen)))
         if changed:
             self.events.append(RoomEvent("input_delay", {
                 "player": member.player, "slot": member.slot, "frames": advised,
-                "response_ms": timing.response_ms, "late": late, "inputs": len(timing.late)}))
+                "response_ms": timing.response_ms, "late": late, "inputs": timing.late_seen}))
 
     def on_checksum(self, peer_id: int, message: Checksum) -> None:
         member = self.members.get(peer_id)

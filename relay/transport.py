@@ -187,6 +187,13 @@ class BatchedEndpointDriver:
     datagrams, sent in order when the socket is writable; beyond that datagrams are dropped and
     counted in ``dropped`` (and reported to ``on_error``), never silently.
 
+    ``read_interval`` > 0: at most one read pass per that many seconds. After a pass that found
+    datagrams the socket is left unwatched until the interval is up (what arrives meanwhile waits
+    in the kernel's receive buffer), so a loaded server wakes once per interval instead of once
+    per handful of datagrams -- each wake-up costs a scheduler switch, an event-loop turn and a
+    flush. ``read_now()`` reads at once (the relay server calls it before closing a tick's
+    frames, so no waiting input misses its frame).
+
     Counters: ``datagrams_received``, ``bytes_received``, ``datagrams_sent`` and ``bytes_sent``
     (what the kernel took), ``dropped`` (send queue overflow, or left unsent at close), ``send_failed`` (refused
     by the kernel or unusable addresses: each is reported to ``on_error``), and the BatchSocket's
@@ -199,7 +206,8 @@ class BatchedEndpointDriver:
                  on_sent: Optional[Callable[[int, int], None]] = None,
                  on_error: Optional[Callable[[Exception], None]] = None,
                  *, sock: socket.socket, max_datagrams: int = 64, max_size: int = 65536,
-                 max_batches: int = 16, max_queue: int = 8192):
+                 max_batches: int = 16, max_queue: int = 8192,
+                 read_interval: float = 0.0):
         if not BATCHED_IO:
             raise RuntimeError("batched UDP I/O needs Linux and the compiled relay._batchio")
         self.endpoint = endpoint
@@ -214,6 +222,8 @@ class BatchedEndpointDriver:
         self.io = _batchio.BatchSocket(self._fd, max_datagrams, max_size)
         self.max_batches = max_batches
         self.max_queue = max_queue
+        self.read_interval = read_interval
+        self._read_paused: Optional[asyncio.TimerHandle] = None
         self.transport = _BatchedTransport(self, sock)
         self.is_closing = False
         self.dropped = 0
@@ -247,8 +257,25 @@ class BatchedEndpointDriver:
     # receiving
 
     def _on_readable(self) -> None:
+        if self._read_pass() and self.read_interval > 0.0 and self._read_paused is None:
+            self.loop.remove_reader(self._fd)
+            self._read_paused = self.loop.call_later(self.read_interval, self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        self._read_paused = None
         if self.is_closing:
             return
+        self.loop.add_reader(self._fd, self._on_readable)
+        self._on_readable()         # what arrived while paused, at once
+
+    def read_now(self) -> int:
+        """Read and hand to the core whatever is waiting, now (even while paused by
+        ``read_interval``); returns the number of datagrams."""
+        return self._read_pass()
+
+    def _read_pass(self) -> int:
+        if self.is_closing:
+            return 0
         io = self.io
         recv = io.recv
         endpoint = self.endpoint
@@ -278,6 +305,7 @@ class BatchedEndpointDriver:
             self._lost(io_errors, truncated)
         if count:
             self.flush()
+        return count
 
     # driving
 
@@ -397,10 +425,14 @@ class BatchedEndpointDriver:
             return
         self.is_closing = True
         self._wake.cancel()
+        if self._read_paused is not None:
+            self._read_paused.cancel()
+            self._read_paused = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        self.loop.remove_reader(self._fd)
+        if self._read_paused is None:
+            self.loop.remove_reader(self._fd)
         if self._writing:
             self.loop.remove_writer(self._fd)
             self._writing = False
@@ -414,9 +446,11 @@ class BatchedEndpointDriver:
 
 
 async def open_batched_driver(endpoint: Endpoint, local_addr, on_events,
+                              receive_buffer: Optional[int] = None,
                               **callbacks) -> BatchedEndpointDriver:
     """Bind a UDP socket at ``local_addr`` (resolved like create_datagram_endpoint does) and
-    drive ``endpoint`` over it with batched syscalls. Linux only: see BATCHED_IO."""
+    drive ``endpoint`` over it with batched syscalls. Linux only: see BATCHED_IO.
+    ``receive_buffer``: ask the kernel for this SO_RCVBUF (it caps it at net.core.rmem_max)."""
     if not BATCHED_IO:
         raise RuntimeError("batched UDP I/O needs Linux and the compiled relay._batchio")
     loop = asyncio.get_running_loop()
@@ -429,6 +463,8 @@ async def open_batched_driver(endpoint: Endpoint, local_addr, on_events,
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)
+            if receive_buffer:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
             sock.bind(address)
         except OSError as exc:
             sock.close()

@@ -274,3 +274,35 @@ def test_traffic_totals_keep_the_traffic_of_closed_peers():
     pair.server.disconnect(pair.server_peer)
     assert pair.server.traffic_totals() == totals
     assert pair.server.link_samples() == ([], 0.0)
+
+
+# -- FRAME encoding -----------------------------------------------------------------------------
+
+payloads = st.one_of(st.none(), st.binary(max_size=200))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(payloads, max_size=20), st.lists(payloads, max_size=20),
+       st.booleans(), st.data())
+def test_the_compiled_frame_encoder_writes_the_same_bytes(number, inputs, previous, repeat, data):
+    if repeat:      # some slots the same as in the previous frame
+        inputs = [previous[i] if i < len(previous) and data.draw(st.booleans()) else value
+                  for i, value in enumerate(inputs)]
+    present = [slot for slot, value in enumerate(inputs) if value is not None]
+    synthesized = sorted(data.draw(st.sets(st.sampled_from(present)))) if present else []
+    frame = protocol.Frame(number, inputs, [], synthesized)
+    for prev in (previous, None, []):
+        expected = protocol.encode_frame(frame, prev)
+        assert fastpath.encode_frame(frame, prev) == expected
+        assert protocol.decode_frame(expected, prev).inputs == inputs
+
+
+def test_the_compiled_frame_encoder_refuses_what_the_python_one_refuses():
+    frame = protocol.Frame(3, [b"a", None], [], [1])
+    with pytest.raises(ValueError):
+        protocol.encode_frame(frame)
+    with pytest.raises(ValueError):
+        fastpath.encode_frame(frame)
+    with_events = protocol.Frame(4, [b"a", None], [["join", 1, "bob"]], [])
+    assert fastpath.encode_frame(with_events, [b"a"]) == protocol.encode_frame(with_events, [b"a"])
+    assert protocol.Frame.encode is not None and protocol._compiled_encode_frame is fastpath.encode_frame
