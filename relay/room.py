@@ -36,6 +36,8 @@ DESYNC_WAIT_FRAMES = 30
 # Frames per history block: a 30 Hz match's hour of history is ~7 blocks, each well under the
 # core's block size limit even with large inputs.
 HISTORY_BLOCK_FRAMES = 16384
+# Newest frames of a room's history kept in memory (~2 s at 30 Hz).
+HISTORY_IN_MEMORY = 64
 # Close times kept for timing inputs: a client whose newest frame is older than this is far
 # behind (it gets a catch-up block), and its inputs say nothing about its link.
 CLOSE_TIMES_KEPT = 512
@@ -109,8 +111,8 @@ class Member:
 
 
 class Recent:
-    """The last ``window`` values of a number series in a flat ring (8 bytes a value: a player's
-    timing is kept for every player, so a deque of float objects would cost ~4x as much)."""
+    """The last ``window`` values of a number series in a flat ring (8 bytes a value: every
+    player has one, and a deque of float objects cost ~4x as much)."""
 
     __slots__ = ("values", "count", "next")
 
@@ -177,9 +179,9 @@ class Room:
         self.slots: list[Slot] = []
         self.members: dict[int, Member] = {}
         self.open_frame = 0
-        # The newest frames in memory (a delayed spectator's come from there every tick), the
-        # rest in a temporary file: a long match's history would outweigh its players.
-        self.history = FrameHistory(keep=settings.spectator_delay + 32)
+        # The newest frames in memory, the rest in a temporary file: a long match's history
+        # would outweigh its players (a delayed spectator's frame is read back each tick).
+        self.history = FrameHistory(keep=HISTORY_IN_MEMORY)
         self.pending_inputs: dict[int, dict[int, bytes]] = {}
         self.pending_events: list[list] = []
         self.last_inputs: list = []

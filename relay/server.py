@@ -49,6 +49,10 @@ READ_INTERVAL = 0.001
 one per few datagrams. An input waits at most this long (the tick reads first: no frame misses
 an input that has arrived); the input-delay advice sees it that much later."""
 
+READ_BATCHES = 2
+"""recvmmsg calls (64 datagrams each) per read pass: a pass is then at most ~1 ms of work, so a
+tick that falls due during one starts at most that late (the rest is read in the next pass)."""
+
 RECEIVE_BUFFER = 4 * 2**20
 """SO_RCVBUF asked for (the kernel caps it at net.core.rmem_max): room for the inputs that wait
 between reads, and for a burst."""
@@ -170,7 +174,8 @@ class RelayServer:
         # Batched syscalls (recvmmsg/sendmmsg) where the platform has them, read at most every
         # READ_INTERVAL (the tick reads what waits before closing frames). Datagrams and bytes
         # are counted by the driver and published with every tick.
-        options = dict(read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER) if BATCHED_IO else {}
+        options = dict(read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER,
+                       max_batches=READ_BATCHES) if BATCHED_IO else {}
         open_udp = open_batched_driver if BATCHED_IO else open_driver
         self.driver = await open_udp(
             self.endpoint, (server.udp_host, server.udp_port), self._process_events,
