@@ -194,13 +194,6 @@ class BatchedEndpointDriver:
     flush. ``read_now()`` reads at once (the relay server calls it before closing a tick's
     frames, so no waiting input misses its frame).
 
-    ``defer_flush``: after a read pass the owner gets the core's events at once, but the core
-    is flushed only if it has output due now (``Endpoint.output_due``: a handshake reply, a
-    queued send, an ack that opens the window, a loss to repair). The owner must then flush at
-    least every tick, as the relay server does: a received input's ack rides on the next frame
-    anyway, and the pass spares a second visit to every peer it touched (cold in the CPU's
-    caches by then at a few hundred players).
-
     Counters: ``datagrams_received``, ``bytes_received``, ``datagrams_sent`` and ``bytes_sent``
     (what the kernel took), ``dropped`` (send queue overflow, or left unsent at close), ``send_failed`` (refused
     by the kernel or unusable addresses: each is reported to ``on_error``), and the BatchSocket's
@@ -214,7 +207,7 @@ class BatchedEndpointDriver:
                  on_error: Optional[Callable[[Exception], None]] = None,
                  *, sock: socket.socket, max_datagrams: int = 64, max_size: int = 65536,
                  max_batches: int = 16, max_queue: int = 8192,
-                 read_interval: float = 0.0, defer_flush: bool = False):
+                 read_interval: float = 0.0):
         if not BATCHED_IO:
             raise RuntimeError("batched UDP I/O needs Linux and the compiled relay._batchio")
         self.endpoint = endpoint
@@ -230,7 +223,6 @@ class BatchedEndpointDriver:
         self.max_batches = max_batches
         self.max_queue = max_queue
         self.read_interval = read_interval
-        self.defer_flush = defer_flush
         self._read_paused: Optional[asyncio.TimerHandle] = None
         self.transport = _BatchedTransport(self, sock)
         self.is_closing = False
@@ -312,12 +304,7 @@ class BatchedEndpointDriver:
         if io.recv_errors + io.send_errors != io_errors or io.truncated != truncated:
             self._lost(io_errors, truncated)
         if count:
-            if self.defer_flush:
-                self.on_events(time())
-                if endpoint.output_due:
-                    self.flush()
-            else:
-                self.flush()
+            self.flush()
         return count
 
     # driving
