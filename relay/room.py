@@ -36,8 +36,8 @@ DESYNC_WAIT_FRAMES = 30
 # Frames per history block: a 30 Hz match's hour of history is ~7 blocks, each well under the
 # core's block size limit even with large inputs.
 HISTORY_BLOCK_FRAMES = 16384
-# Newest frames of a room's history kept in memory (~2 s at 30 Hz).
-HISTORY_IN_MEMORY = 64
+# Newest frames of a room's history kept in memory (~1 s at 30 Hz; up to 32 more wait to be spooled).
+HISTORY_IN_MEMORY = 32
 # Close times kept for timing inputs: a client whose newest frame is older than this is far
 # behind (it gets a catch-up block), and its inputs say nothing about its link.
 CLOSE_TIMES_KEPT = 512
@@ -189,7 +189,10 @@ class Room:
         self.neutral_input = settings.neutral_input_bytes
         self.synthesized_inputs = 0
         """Inputs made up by missing_input_policy, in all."""
-        self._close_times: list[Optional[tuple[int, float]]] = [None] * CLOSE_TIMES_KEPT
+        # When each of the last CLOSE_TIMES_KEPT frames closed, in flat rings (a tuple per frame
+        # cost ~7 KB per player): slot n % CLOSE_TIMES_KEPT holds frame n, or -1.
+        self._closed_numbers = array("q", [-1]) * CLOSE_TIMES_KEPT
+        self._closed_at = array("d", bytes(8 * CLOSE_TIMES_KEPT))
         self.checksums: dict[int, dict[int, int]] = {}
         self.first_desync: Optional[int] = None
         """The first frame at which the players' checksums diverged."""
@@ -469,9 +472,9 @@ class Room:
             timing.late_seen += 1
         if have < 0 or have >= self.open_frame or member.catching_up:
             return
-        closed = self._close_times[have % CLOSE_TIMES_KEPT]
-        if closed is not None and closed[0] == have:
-            timing.responses.append(max(0.0, now - closed[1]))
+        index = have % CLOSE_TIMES_KEPT
+        if self._closed_numbers[index] == have:
+            timing.responses.append(max(0.0, now - self._closed_at[index]))
 
     def _advise_input_delay(self, member: Member, now: float) -> None:
         timing = member.timing
@@ -555,7 +558,8 @@ class Room:
         self.last_inputs = frame.inputs
         self.pending_events = []
         self.history.append(data)
-        self._close_times[number % CLOSE_TIMES_KEPT] = (number, now)
+        self._closed_numbers[number % CLOSE_TIMES_KEPT] = number
+        self._closed_at[number % CLOSE_TIMES_KEPT] = now
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
         broadcast: Optional[list] = [] if self.broadcast_frames else None
