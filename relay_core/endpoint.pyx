@@ -123,6 +123,8 @@ cdef class Endpoint:
 
     # traffic of peers already closed, so that totals over all peers never go down
     cdef uint64_t closed_resends
+    # Something may be due out now (see output_due); cleared by datagrams_to_send.
+    cdef bint output_pending
     cdef uint64_t closed_redundant_bytes
 
     def __init__(self, config=None, unix_offset=None):
@@ -193,6 +195,7 @@ cdef class Endpoint:
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         self.dirty.add(peer.peer_id)
+        self.output_pending = True
         return peer.peer_id
 
     def send(self, int peer_id, int channel, bytes payload):
@@ -214,6 +217,7 @@ cdef class Endpoint:
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
         self.dirty.add(peer_id)
+        self.output_pending = True
         return peer.queue_message(channel, payload)
 
     def send_many(self, peer_ids, int channel, bytes payload):
@@ -241,6 +245,7 @@ cdef class Endpoint:
                 raise ValueError(f"message of {size} bytes on channel {channel} {advice} "
                                  f"({largest - peer.reserve} bytes)")
             self.dirty.add(peer_id)
+            self.output_pending = True
             sender = peer.send_channels[channel]
             if not sender.queue(payload) and peer.state == STATE_CONNECTED:
                 refused.append(peer_id)
@@ -255,6 +260,7 @@ cdef class Endpoint:
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
         self.dirty.add(peer_id)
+        self.output_pending = True
         return peer.block_out.enqueue(data)
 
     def disconnect(self, int peer_id, str reason="closed"):
@@ -291,6 +297,7 @@ cdef class Endpoint:
         cdef Py_ssize_t n = len(datagram)
         cdef const uint8_t* p = <const uint8_t*><const char*>datagram
         cdef int ptype, rc
+        cdef double deadline
         cdef Peer peer
         ptype = check_prefix(p, n)
         if ptype < 0:
@@ -307,6 +314,7 @@ cdef class Endpoint:
                     migrating = self.sessions.get(read_u32(p + 4))
                     if migrating is not None and (<Peer>migrating).state == STATE_CONNECTED:
                         self._on_data_from_new_address(migrating, p, n, datagram, address, now)
+                        self.output_pending = True
                         return
                 if peer is None or peer.state != STATE_CONNECTED:
                     self.drop_counts[DROP_UNKNOWN_PEER] += 1
@@ -317,6 +325,12 @@ cdef class Endpoint:
             self.dirty.add(peer.peer_id)
             if rc < 0:
                 self.drop_counts[-rc - 1] += 1
+            elif not self.output_pending:
+                # An ack that opens the window, a loss to repair, an ack or heartbeat due, a
+                # timer expired: out now.
+                deadline = peer.next_deadline()
+                if peer.wants_send(now) or 0.0 <= deadline <= now:
+                    self.output_pending = True
             return
         if ptype == PT_CONNECT_REQUEST:
             self._on_connect_request(p, n, datagram, address, now)
@@ -330,6 +344,20 @@ cdef class Endpoint:
         peer = self.peers_by_address.get(address)
         if peer is not None:
             self.dirty.add(peer.peer_id)
+        self.output_pending = True          # handshakes and path checks: rare, answered at once
+
+    @property
+    def output_due(self):
+        """Whether ``datagrams_to_send`` may have something to send right now: a reply, a
+        closing peer, a send, block or connect queued, or a received datagram that left its peer
+        with something due (an ack that opens the window, a loss to repair, an ack or heartbeat
+        due, an expired timer).
+
+        False means every peer touched since the last ``datagrams_to_send`` has work only later.
+        A caller may then skip the call, but must make it within its own bound (the relay
+        server: every tick), because those peers' new deadlines enter ``next_timeout`` only when
+        ``datagrams_to_send`` visits them."""
+        return self.output_pending or bool(self.control_out) or bool(self.closing)
 
     def datagrams_to_send(self, double now):
         """Everything due at ``now``, as a list of (bytes, address). Runs due timers first."""
@@ -337,6 +365,7 @@ cdef class Endpoint:
         cdef Peer peer
         cdef double deadline
         self.control_out = []
+        self.output_pending = False
         for peer in self.closing:
             peer.flush(now, self.scratch, out)
         self.closing.clear()
@@ -358,6 +387,7 @@ cdef class Endpoint:
             if 0.0 <= deadline <= now and self._run_timers(peer, now):
                 continue
             self.dirty.add(peer.peer_id)        # the next datagrams_to_send flushes it
+            self.output_pending = True
 
     def next_timeout(self):
         """The earliest time something is due, or None when there is nothing to wait for."""

@@ -18,7 +18,7 @@ from relay.config import RelayConfig
 from relay.protocol import CONTROL, STREAM, Input, ProtocolError
 from relay.room import Room
 from relay.server import RelayServer
-from relay_core import ChannelConfig, EndpointConfig, MessageReceived, PeerDisconnected
+from relay_core import ChannelConfig, Endpoint, EndpointConfig, MessageReceived, PeerDisconnected
 from relay_core.simlink import LinkedPair
 
 fastpath = pytest.importorskip("relay._fastpath")
@@ -306,3 +306,41 @@ def test_the_compiled_frame_encoder_refuses_what_the_python_one_refuses():
     with_events = protocol.Frame(4, [b"a", None], [["join", 1, "bob"]], [])
     assert fastpath.encode_frame(with_events, [b"a"]) == protocol.encode_frame(with_events, [b"a"])
     assert protocol.Frame.encode is not None and protocol._compiled_encode_frame is fastpath.encode_frame
+
+
+# -- flushing only when output is due ------------------------------------------------------------
+
+def test_output_due_says_when_a_flush_has_something_to_send_now():
+    pair = connected_pair()
+    server, client = pair.server, pair.client
+    pair.run(0.2)
+    server.datagrams_to_send(pair.now)
+    assert not server.output_due
+    # A client datagram that only acks and carries an input: its ack can wait for the next
+    # frame (ack_delay), so nothing is due now.
+    client.send(pair.client_peer, STREAM, b"input")
+    [(datagram, _)] = client.datagrams_to_send(pair.now)
+    server.receive(datagram, pair.CLIENT_ADDRESS, pair.now)
+    assert [e.payload for e in iter(server.next_event, None)] == [b"input"]
+    assert not server.output_due
+    # ... until its ack is due: then the same kind of datagram makes output due at once.
+    later = pair.now + server.config.ack_delay + 0.001
+    client.send(pair.client_peer, STREAM, b"input 2")
+    [(datagram, _)] = client.datagrams_to_send(later)
+    server.receive(datagram, pair.CLIENT_ADDRESS, later)
+    assert server.output_due
+    assert server.datagrams_to_send(later)          # the ack goes out
+    assert not server.output_due
+    # Anything queued to send is due.
+    server.send(pair.server_peer, STREAM, b"frame")
+    assert server.output_due
+    server.datagrams_to_send(later)
+    server.send_many([pair.server_peer], STREAM, b"frame 2")
+    assert server.output_due
+    server.datagrams_to_send(later)
+    # A handshake from a new client is answered at once.
+    other = Endpoint(EndpointConfig(seed=9, channels=server.config.channels))
+    other.connect(pair.SERVER_ADDRESS, later)
+    [(request, _)] = other.datagrams_to_send(later)
+    server.receive(request, ("10.0.0.3", 5000), later)
+    assert server.output_due
