@@ -496,8 +496,14 @@ def test_one_hammering_source_is_rate_limited_and_nobody_else_notices(relay, cap
     assert answered <= 200 + 100 * seconds + 2 * quiet_rate * seconds + 100
     by_address = {c["address"]: c for c in report["capture"]}
     bystander_capture = by_address[f"{bystander}:41000"]
-    # Another source is not punished for the hammer's sins: its requests are answered.
-    assert len(bystander_capture["replies"]) >= 0.5 * bystander_capture["sent"] > 0, bystander_capture
+    # Another source is not punished for the hammer's sins: its requests are answered. The
+    # kernel drops what the relay cannot read in time, from every source alike, so expect the
+    # share the relay read; a shared (global) budget would answer almost none (~300 replies
+    # for hundreds of thousands of requests).
+    read_share = min(1.0, received / report["sent"])
+    assert bystander_capture["sent"] > 0, bystander_capture
+    assert len(bystander_capture["replies"]) >= max(
+        1, 0.4 * read_share * bystander_capture["sent"]), (read_share, bystander_capture)
     assert_no_amplification(report, relay.mode)
     for bot in bots:
         assert bot.problems == [], (bot.name, bot.problems)
