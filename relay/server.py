@@ -102,7 +102,7 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         heartbeat_interval=min(0.5, rooms.player_timeout / 4),
         # Acks ride on the next tick's frame instead of going out alone.
         ack_delay=1.0 / config.server.tick_rate,
-        # Every datagram carries every unacked frame that fits.
+        # Copies of unacked frames, when the redundancy policy sends them, may fill the datagram.
         redundancy_budget=config.server.mtu,
         # Per-player memory: small packet buffers (32 packets in flight is the ack window
         # anyway) and a unit ring sized for a window of small frames.
