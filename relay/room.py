@@ -72,7 +72,7 @@ class RoomEvent:
     detail: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
     index: int
     player: str
@@ -82,7 +82,7 @@ class Slot:
     away_since: Optional[float] = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Member:
     """A connected client in this room: a player (slot) or a spectator."""
 

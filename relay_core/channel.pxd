@@ -19,19 +19,32 @@ cdef struct SentUnit:
 cdef class SentUnits:
     """Ring of (channel, message, fragment) units carried by each sent packet.
 
-    A sent packet remembers [start, start + count) in this ring; if the ring has lapped that
-    range before the ack arrives the ack is ignored and the message is repaired by RTO instead.
+    A sent packet remembers [start, start + count) in this ring. The ring starts small and
+    doubles, up to ``limit``, rather than overwrite units from ``floor`` on (the oldest packet
+    the peer may still ack); past the limit the oldest are overwritten, and an ack arriving for
+    a packet whose units are gone is ignored (its messages are repaired by RTO instead).
     """
     cdef SentUnit* ring
     cdef readonly uint64_t head
     cdef readonly uint64_t capacity
+    cdef uint64_t limit
+    cdef public uint64_t floor
+    cdef uint64_t tail                  # units before this were left behind when the ring grew
+
+    cdef void grow(self) noexcept
 
     cdef inline void add(self, int channel, uint16_t msg_id, int fragment) noexcept:
+        if self.head - self.floor >= self.capacity and self.capacity < self.limit:
+            self.grow()
         cdef SentUnit* unit = &self.ring[self.head & (self.capacity - 1)]
         unit.msg_id = msg_id
         unit.channel = <uint8_t>channel
         unit.fragment = <uint8_t>fragment
         self.head += 1
+
+    cdef inline bint holds(self, uint64_t start) noexcept:
+        """The units of a packet that started at ``start`` are all still in the ring."""
+        return start >= self.tail and self.head - start <= self.capacity
 
 
 cdef struct OutMessage:
@@ -98,6 +111,7 @@ cdef class ReliableSendChannel(SendChannel):
     cdef double earliest_deadline
 
     cdef void admit(self)
+    cdef void resize(self, int capacity) except *
     cdef void finish(self, OutMessage* m, int slot)
 
 
@@ -115,13 +129,14 @@ cdef class ReceiveChannel:
 
 cdef class OrderedReceiveChannel(ReceiveChannel):
     cdef int window
-    cdef SequenceBuffer slots
+    cdef SequenceBuffer slots           # None until something is held out of order
     cdef list held                      # bytes (complete) or PartialMessage per slot
     cdef Py_ssize_t* charged            # bytes of a complete held message charged to budget
     cdef uint16_t next_expected
     cdef MemoryBudget budget
     cdef Py_ssize_t max_message_size
 
+    cdef void resize(self, int capacity) except *
     cdef void _deliver(self, list out)
 
 

@@ -38,6 +38,13 @@ MODES = {
 }
 
 
+cdef enum:
+    # Window storage starts at this many ids and doubles on demand up to the channel's window
+    # (a receiver holds nothing until a message arrives out of order).
+    INITIAL_SEND_SLOTS = 8
+    INITIAL_RECEIVE_SLOTS = 8
+
+
 cdef inline Py_ssize_t message_record_size(Py_ssize_t length) noexcept:
     return 3 + varint_size(length) + length
 
@@ -47,17 +54,37 @@ cdef inline Py_ssize_t fragment_record_size(Py_ssize_t length) noexcept:
 
 
 cdef class SentUnits:
-    def __cinit__(self, int capacity):
-        if capacity <= 0 or (capacity & (capacity - 1)) != 0:
-            raise ValueError("sent unit capacity must be a power of two")
+    def __cinit__(self, int capacity, int limit=0):
+        if limit == 0:
+            limit = capacity
+        if capacity <= 0 or (capacity & (capacity - 1)) != 0 or limit < capacity or (limit & (limit - 1)) != 0:
+            raise ValueError("sent unit capacity and limit must be powers of two, capacity <= limit")
         self.capacity = capacity
+        self.limit = limit
         self.head = 0
+        self.floor = 0
+        self.tail = 0
         self.ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
         if self.ring == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
         PyMem_Free(self.ring)
+
+    cdef void grow(self) noexcept:
+        cdef uint64_t capacity = self.capacity * 2
+        cdef SentUnit* ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
+        cdef uint64_t u, first = self.head - self.capacity if self.head > self.capacity else 0
+        if ring == NULL:
+            return              # go on overwriting: late acks fall back to RTO repair
+        if first < self.tail:
+            first = self.tail
+        for u in range(first, self.head):
+            ring[u & (capacity - 1)] = self.ring[u & (self.capacity - 1)]
+        PyMem_Free(self.ring)
+        self.ring = ring
+        self.capacity = capacity
+        self.tail = first
 
 
 cdef class SendChannel:
@@ -131,13 +158,12 @@ cdef class ReliableSendChannel(SendChannel):
                  int max_resends, double rto_limit):
         SendChannel.__init__(self, channel_id, mode, max_pending)
         self.window = window
-        self.slots = SequenceBuffer(window)
-        self.msgs = <OutMessage*>PyMem_Malloc(window * sizeof(OutMessage))
-        if self.msgs == NULL:
-            raise MemoryError()
-        memset(self.msgs, 0, window * sizeof(OutMessage))
-        self.payloads = [None] * window
-        self.fragment_acks = None       # [None] * window once a fragmented message is admitted
+        # Storage for the ids in flight starts small and doubles up to the window when more are
+        # outstanding: a player's stream has one or two frames unacked on a good link, and the
+        # full window (88 bytes a slot with the receiver's side) is per player.
+        self.msgs = NULL
+        self.fragment_acks = None       # a list like payloads once a fragmented message is admitted
+        self.resize(min(window, INITIAL_SEND_SLOTS))
         self.oldest = 0
         self.unsent = 0
         self.fragments_in_flight = 0
@@ -150,6 +176,34 @@ cdef class ReliableSendChannel(SendChannel):
 
     def __dealloc__(self):
         PyMem_Free(self.msgs)
+
+    cdef void resize(self, int capacity) except *:
+        """Storage for ``capacity`` ids (a power of two): every message in flight moves to its
+        slot in the new ring."""
+        cdef SequenceBuffer slots = SequenceBuffer(capacity)
+        cdef OutMessage* msgs = <OutMessage*>PyMem_Malloc(capacity * sizeof(OutMessage))
+        cdef list payloads = [None] * capacity
+        cdef list fragment_acks = None if self.fragment_acks is None else [None] * capacity
+        cdef uint16_t msg_id = self.oldest
+        cdef int old_slot, new_slot
+        if msgs == NULL:
+            raise MemoryError()
+        memset(msgs, 0, capacity * sizeof(OutMessage))
+        if self.msgs != NULL:
+            while msg_id != self.next_id:
+                if self.slots.contains(msg_id):
+                    old_slot = self.slots.slot(msg_id)
+                    new_slot = slots.insert(msg_id)
+                    msgs[new_slot] = self.msgs[old_slot]
+                    payloads[new_slot] = self.payloads[old_slot]
+                    if fragment_acks is not None:
+                        fragment_acks[new_slot] = self.fragment_acks[old_slot]
+                msg_id += 1
+            PyMem_Free(self.msgs)
+        self.slots = slots
+        self.msgs = msgs
+        self.payloads = payloads
+        self.fragment_acks = fragment_acks
 
     cdef Py_ssize_t queued(self):
         return (len(self.pending) if self.pending else 0) + <uint16_t>(self.next_id - self.oldest)
@@ -181,6 +235,8 @@ cdef class ReliableSendChannel(SendChannel):
             else:
                 count = 1
             self.pending.popleft()
+            if <uint16_t>(self.next_id - self.oldest) >= self.slots.size:
+                self.resize(self.slots.size * 2)
             slot = self.slots.insert(self.next_id)
             m = &self.msgs[slot]
             memset(m, 0, sizeof(OutMessage))
@@ -195,7 +251,7 @@ cdef class ReliableSendChannel(SendChannel):
             else:
                 self.payloads[slot] = split_message(payload, self.fragment_size)
                 if self.fragment_acks is None:
-                    self.fragment_acks = [None] * self.window
+                    self.fragment_acks = [None] * self.slots.size
                 self.fragment_acks[slot] = bytearray(count)
                 self.fragments_in_flight += count
             self.unsent += 1
@@ -323,7 +379,7 @@ cdef class ReliableSendChannel(SendChannel):
                                      first_sent=m.first_sent, deadline=m.deadline, rto=m.rto,
                                      copies=m.copies))
             msg_id += 1
-        return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent,
+        return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent, slots=self.slots.size,
                     pending=self.queued() - <uint16_t>(self.next_id - self.oldest), earliest_deadline=self.earliest_deadline,
                     resends=self.resends, fast_resends=self.fast_resends,
                     redundant_bytes=self.redundant_bytes, messages=messages)
@@ -427,6 +483,10 @@ cdef class ReceiveChannel:
     def __init__(self, int channel_id):
         self.channel_id = channel_id
 
+    def storage_slots(self):
+        """Message ids this channel has storage for (out-of-order arrivals), for tests."""
+        return 0
+
     cdef int on_record(self, Record* r, bytes datagram, list out):
         """Accept one MESSAGE/FRAGMENT record; append deliverable payloads to ``out`` in order.
 
@@ -444,12 +504,10 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     def __init__(self, int channel_id, int window, MemoryBudget budget, Py_ssize_t max_message_size):
         ReceiveChannel.__init__(self, channel_id)
         self.window = window
-        self.slots = SequenceBuffer(window)
-        self.held = [None] * window
-        self.charged = <Py_ssize_t*>PyMem_Malloc(window * sizeof(Py_ssize_t))
-        if self.charged == NULL:
-            raise MemoryError()
-        memset(self.charged, 0, window * sizeof(Py_ssize_t))
+        # No storage until a message arrives ahead of the one delivery waits for.
+        self.slots = None
+        self.held = None
+        self.charged = NULL
         self.next_expected = 0
         self.budget = budget
         self.max_message_size = max_message_size
@@ -457,9 +515,36 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     def __dealloc__(self):
         PyMem_Free(self.charged)
 
+    def storage_slots(self):
+        return 0 if self.slots is None else self.slots.size
+
+    cdef void resize(self, int capacity) except *:
+        """Storage for ``capacity`` ids (a power of two) past next_expected; what is held moves
+        to its slot in the new ring."""
+        cdef SequenceBuffer slots = SequenceBuffer(capacity)
+        cdef list held = [None] * capacity
+        cdef Py_ssize_t* charged = <Py_ssize_t*>PyMem_Malloc(capacity * sizeof(Py_ssize_t))
+        cdef uint16_t msg_id = self.next_expected
+        cdef int i, old_slot, new_slot
+        if charged == NULL:
+            raise MemoryError()
+        memset(charged, 0, capacity * sizeof(Py_ssize_t))
+        if self.slots is not None:
+            for i in range(self.slots.size):
+                if self.slots.contains(msg_id):
+                    old_slot = self.slots.slot(msg_id)
+                    new_slot = slots.insert(msg_id)
+                    held[new_slot] = self.held[old_slot]
+                    charged[new_slot] = self.charged[old_slot]
+                msg_id += 1
+        PyMem_Free(self.charged)
+        self.slots = slots
+        self.held = held
+        self.charged = charged
+
     cdef int on_record(self, Record* r, bytes datagram, list out):
         cdef int distance = seq_diff(r.msg_id, self.next_expected)
-        cdef int slot, status
+        cdef int slot, status, capacity
         cdef object entry
         cdef PartialMessage partial
         cdef bint exempt = distance == 0     # the message delivery waits for: never refused
@@ -468,6 +553,17 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             return 0
         if distance >= self.window:
             return -(DROP_MESSAGE_OUT_OF_WINDOW + 1)
+        if self.slots is None or distance >= self.slots.size:
+            if exempt and r.kind != RK_FRAGMENT:
+                # In order with nothing held: the common case needs no storage.
+                out.append(record_payload(r, datagram))
+                self.next_expected += 1
+                self.delivered += 1
+                return 0
+            capacity = INITIAL_RECEIVE_SLOTS if self.slots is None else self.slots.size
+            while capacity <= distance:
+                capacity *= 2
+            self.resize(min(capacity, self.window))
         slot = self.slots.slot(r.msg_id)
         if self.slots.contains(r.msg_id):
             entry = self.held[slot]
@@ -513,6 +609,8 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     cdef void _deliver(self, list out):
         cdef int slot
         cdef object entry
+        if self.slots is None:
+            return
         while self.slots.contains(self.next_expected):
             slot = self.slots.slot(self.next_expected)
             entry = self.held[slot]
@@ -529,13 +627,15 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     def release(self):
         """Return the memory this window holds to the budget (the peer is going away)."""
         cdef int slot
-        for slot in range(self.window):
+        if self.slots is None:
+            return
+        for slot in range(self.slots.size):
             entry = self.held[slot]
             if isinstance(entry, PartialMessage):
                 (<PartialMessage>entry).release(self.budget)
             self.budget.used -= self.charged[slot]
             self.charged[slot] = 0
-        self.held = [None] * self.window
+        self.held = [None] * self.slots.size
 
 
 cdef class SequencedReceiveChannel(ReceiveChannel):

@@ -64,6 +64,7 @@ cdef class Peer:
     cdef uint32_t* sent_unit_count
     cdef uint32_t* sent_stamp          # the datagram stamp channels remember their last write by
     cdef SentUnits units
+    cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
     cdef uint32_t stamp
     cdef uint16_t highest_acked        # newest of our packets the peer has acked
 
@@ -133,6 +134,7 @@ cdef class Peer:
     cdef void process_acks(self, DataHeader* h, double now)
     cdef void detect_gaps(self, uint16_t newest, double now)
     cdef void on_packet_lost(self, int slot, double now)
+    cdef void keep_unacked_units(self) noexcept
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
     cdef void refill(self, double now)

@@ -43,6 +43,8 @@ LOSS_ALPHA = 0.05
 # (a burst waits for acks; a steady stream on a very slow path is paced, and its small messages
 # then share datagrams).
 cdef int ACK_WINDOW = 32
+# Units the ring starts with: a few packets' worth while acks come back.
+cdef int INITIAL_SENT_UNITS = 32
 
 
 cdef class Peer:
@@ -77,7 +79,10 @@ cdef class Peer:
             raise MemoryError()
         memset(self.sent_acked, 0, n)
         self.highest_acked = 0xFFFF     # "packet -1": nothing acked yet, first seq is 0
-        self.units = SentUnits(config.sent_unit_capacity)
+        # Small while few packets await their ack; grows to sent_unit_capacity when needed.
+        self.units = SentUnits(min(INITIAL_SENT_UNITS, config.sent_unit_capacity),
+                               config.sent_unit_capacity)
+        self.unacked_tail = 0
         self.loss = 0.0
         self.loss_cursor = 0
         self.adaptive = config.redundancy_policy == "adaptive"
@@ -336,7 +341,7 @@ cdef class Peer:
             start = self.sent_unit_start[slot]
             count = self.sent_unit_count[slot]
             # Units overwritten by newer packets are repaired by RTO instead.
-            if units.head - start > units.capacity:
+            if not units.holds(start):
                 continue
             for u in range(start, start + count):
                 unit = &units.ring[u & (units.capacity - 1)]
@@ -392,13 +397,26 @@ cdef class Peer:
         cdef list channels = self.send_channels
         self.packets_since_loss = 0
         self.gap_losses += 1
-        if units.head - start > units.capacity:
+        if not units.holds(start):
             return
         for u in range(start, start + count):
             unit = &units.ring[u & (units.capacity - 1)]
             (<SendChannel>channels[unit.channel]).on_lost(unit.msg_id, self.sent_stamp[slot], now)
 
     # -- sending ---------------------------------------------------------------------------
+
+    cdef void keep_unacked_units(self) noexcept:
+        """Point the unit ring's floor at the oldest packet still in the sent buffer and not
+        acked: the ring grows rather than overwrite what an ack may still need."""
+        cdef uint16_t seq = self.unacked_tail
+        if seq_diff(self.next_seq, seq) > self.sent_packets.size:
+            seq = <uint16_t>(self.next_seq - self.sent_packets.size)
+        while seq != self.next_seq and not (self.sent_packets.contains(seq)
+                                            and not self.sent_acked[self.sent_packets.slot(seq)]):
+            seq += 1
+        self.unacked_tail = seq
+        self.units.floor = (self.sent_unit_start[self.sent_packets.slot(seq)]
+                            if seq != self.next_seq else self.units.head)
 
     cdef void refill(self, double now):
         if now > self.tokens_at:
@@ -461,6 +479,7 @@ cdef class Peer:
         self.refill(now)
         for k in range(self.max_datagrams):
             self.stamp += 1
+            self.keep_unacked_units()
             units_start = self.units.head
             pos = DATA_HEADER_SIZE
             for channel in self.send_channels:
@@ -612,7 +631,10 @@ cdef class Peer:
     # -- Python-level access ---------------------------------------------------------------
 
     def channel_snapshot(self, int channel):
-        return self.send_channels[channel].snapshot()
+        snapshot = self.send_channels[channel].snapshot()
+        snapshot["receive_slots"] = self.recv_channels[channel].storage_slots()
+        snapshot["sent_unit_capacity"] = self.units.capacity
+        return snapshot
 
     def queue_message(self, int channel, bytes payload):
         return (<SendChannel>self.send_channels[channel]).queue(payload)

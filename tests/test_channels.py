@@ -174,3 +174,48 @@ def test_send_rejects_programming_errors_with_clear_messages():
     with pytest.raises(ValueError, match="max_message_size"):
         endpoint.send(peer, RELIABLE, bytes(300 * 1024))
     assert endpoint.send(12345, RELIABLE, b"x") is False     # unknown peer: not an exception
+
+
+def test_window_storage_stays_small_on_a_clean_link_and_grows_when_messages_pile_up():
+    # Per-peer memory: a stream with a frame or two unacked keeps the smallest storage, and a
+    # receiver that only ever sees messages in order holds none; a backlog grows both (and the
+    # sent-unit ring) without losing or reordering a message.
+    pair = make_pair(delay=0.02, jitter=0.01, seed=3, sent_unit_capacity=4096)
+    pair.connect()
+    sent, got = exchange(pair, REDUNDANT, 60, settle=0.5)
+    assert got == sent
+    client = pair.client.channel_snapshot(pair.client_peer, REDUNDANT)
+    server = pair.server.channel_snapshot(pair.server_peer, REDUNDANT)
+    assert client["slots"] == 8 and client["sent_unit_capacity"] == 32
+    assert server["receive_slots"] == 0
+
+    pair.server_events.clear()
+    pair.up.profile.loss = 0.2
+    burst = [b"b%05d" % i for i in range(400)]
+    for payload in burst:
+        assert pair.client.send(pair.client_peer, REDUNDANT, payload)
+    pair.run(0.3)
+    client = pair.client.channel_snapshot(pair.client_peer, REDUNDANT)
+    assert client["slots"] == 256                       # the whole window is in flight
+    assert client["sent_unit_capacity"] > 32
+    assert pair.server.channel_snapshot(pair.server_peer, REDUNDANT)["receive_slots"] > 8
+    pair.up.profile.loss = 0.0
+    pair.run(5.0)
+    assert received(pair.server_events, REDUNDANT) == burst
+
+
+def test_sent_unit_ring_never_grows_past_its_limit_and_acks_still_repair():
+    # At the limit the ring overwrites; acks for packets whose units are gone are ignored and
+    # those messages are repaired by RTO: still everything once, in order.
+    pair = make_pair(loss=0.2, delay=0.03, jitter=0.02, seed=9, sent_unit_capacity=256,
+                     redundancy_policy="always")
+    pair.connect()
+    burst = [b"x%04d" % i for i in range(300)]
+    for payload in burst:
+        assert pair.client.send(pair.client_peer, RELIABLE, payload)
+        assert pair.client.send(pair.client_peer, REDUNDANT, payload)
+    pair.run(0.5)
+    assert pair.client.channel_snapshot(pair.client_peer, REDUNDANT)["sent_unit_capacity"] == 256
+    pair.run(10.0)
+    assert received(pair.server_events, RELIABLE) == burst
+    assert received(pair.server_events, REDUNDANT) == burst
