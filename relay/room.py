@@ -26,6 +26,7 @@ from typing import Optional
 
 from relay import protocol
 from relay.config import RoomSettings
+from relay._fastpath import InputTiming
 from relay.history import FrameHistory
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
 
@@ -106,61 +107,8 @@ class Member:
     """A frame from here on could not be queued (or a block failed): repair with a block."""
     reported: bool = False
     """The client has reported progress (``have``) at least once; only then can it lag."""
-    timing: Optional["InputTiming"] = None
+    timing: Optional[InputTiming] = None
     """Players only: input response times and the advice sent."""
-
-
-class Recent:
-    """The last ``window`` values of a number series in a flat ring (8 bytes a value: every
-    player has one, and a deque of float objects cost ~4x as much)."""
-
-    __slots__ = ("values", "count", "next")
-
-    def __init__(self, window: int):
-        self.values = array("d", bytes(8 * window))       # zeros, no float object per slot
-        self.count = 0
-        self.next = 0
-
-    def append(self, value) -> None:
-        values = self.values
-        values[self.next] = value
-        self.next = (self.next + 1) % len(values)
-        if self.count < len(values):
-            self.count += 1
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self):
-        values = self.values
-        return iter(values[:self.count] if self.count < len(values) else values)
-
-
-class InputTiming:
-    """One player's recent input response times and the input delay advised from them."""
-
-    __slots__ = ("responses", "late", "late_count", "late_next", "late_seen", "advised",
-                 "advised_at", "response_ms")
-
-    def __init__(self, window: int):
-        self.responses = Recent(window)
-        """Seconds from the close of frame ``have`` to the arrival of the input carrying it."""
-        self.late = bytearray(window)
-        """Per recent input (a ring): 1 if it arrived after its frame had closed."""
-        self.late_count = 0
-        """Ones in ``late``."""
-        self.late_next = 0
-        self.late_seen = 0
-        """Inputs in ``late`` (up to its length)."""
-        self.advised: Optional[int] = None
-        self.advised_at = 0.0
-        self.response_ms = 0
-
-    def percentile(self, percent: float) -> float:
-        """Nearest-rank percentile of the response times."""
-        ordered = sorted(self.responses)
-        rank = max(1, math.ceil(percent / 100.0 * len(ordered)))
-        return ordered[rank - 1]
 
 
 class Room:
@@ -460,25 +408,16 @@ class Room:
         """Record how long after frame ``have`` closed this input arrived: the input was sent
         for frame have + d when the client held frame ``have``, so d must exceed this time in
         frames for it to be on time. Inputs sent while catching up say nothing about the link."""
-        timing = member.timing
-        # The late ring with its count kept up to date: once per input for every player.
-        late = 1 if frame < self.open_frame else 0
-        ring = timing.late
-        index = timing.late_next
-        timing.late_count += late - ring[index]
-        ring[index] = late
-        timing.late_next = index + 1 if index + 1 < len(ring) else 0
-        if timing.late_seen < len(ring):
-            timing.late_seen += 1
-        if have < 0 or have >= self.open_frame or member.catching_up:
-            return
-        index = have % CLOSE_TIMES_KEPT
-        if self._closed_numbers[index] == have:
-            timing.responses.append(max(0.0, now - self._closed_at[index]))
+        response = -1.0
+        if 0 <= have < self.open_frame and not member.catching_up:
+            index = have % CLOSE_TIMES_KEPT
+            if self._closed_numbers[index] == have:
+                response = max(0.0, now - self._closed_at[index])
+        member.timing.record(frame < self.open_frame, response)
 
     def _advise_input_delay(self, member: Member, now: float) -> None:
         timing = member.timing
-        if len(timing.responses) < ADVICE_MIN_SAMPLES:
+        if timing.samples < ADVICE_MIN_SAMPLES:
             return
         settings = self.settings
         interval = 1.0 / self.tick_rate

@@ -13,6 +13,12 @@ def test_core_module_is_a_compiled_extension(name):
     assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
 
 
+@pytest.mark.parametrize("name", ["_fastpath", "_batchio"])
+def test_server_hot_paths_are_compiled_extensions(name):
+    module = importlib.import_module(f"relay.{name}")
+    assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
+
+
 def test_no_python_source_fallback_ships_for_compiled_modules():
     import relay_core
     import pathlib

@@ -4,6 +4,7 @@ real sockets and the link emulator the advice settles where late inputs are rare
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -118,7 +119,7 @@ def test_inputs_sent_while_catching_up_or_naming_an_unknown_frame_are_not_timed(
         room.on_input(alice.peer_id, Input(number + 3, b"i", number + 5), number * TICK + 5.0)
     harness.pump()
     assert advice_of(alice) == []
-    assert len(room.members[alice.peer_id].timing.responses) == 0
+    assert room.members[alice.peer_id].timing.samples == 0
 
 
 # -- the SDK -------------------------------------------------------------------------------------
@@ -212,3 +213,40 @@ def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(t
                 await netem.stop()
 
     asyncio.run(scenario())
+
+
+def test_input_timing_keeps_the_last_window_and_takes_nearest_rank_percentiles():
+    from relay._fastpath import InputTiming
+
+    timing = InputTiming(5)
+    assert timing.samples == 0 and timing.percentile(99) == 0.0
+    for i, value in enumerate([0.5, 0.1, 0.4, 0.2, 0.3, 0.9, 0.05]):
+        timing.record(i % 2 == 0, value)
+    timing.record(True, -1.0)            # late, but says nothing about the link
+    window = [0.4, 0.2, 0.3, 0.9, 0.05]  # the last five response times
+    assert timing.samples == 5
+    for percent in (1, 20, 40, 50, 60, 80, 99, 100):
+        rank = max(1, -(-percent * 5 // 100))
+        assert timing.percentile(percent) == sorted(window)[rank - 1]
+    # The late ring covers the last five inputs, response time or not: 0/1 flags 0,1,0,1 + 1.
+    assert timing.late_seen == 5 and timing.late_count == 3
+    with pytest.raises(ValueError):
+        InputTiming(0)
+
+
+def test_input_timing_percentiles_match_a_sort_on_random_windows():
+    import random
+
+    from relay._fastpath import InputTiming
+
+    rng = random.Random(7)
+    for window in (1, 2, 3, 10, 150):
+        timing = InputTiming(window)
+        values = [rng.choice([0.01, 0.02, 0.5]) if rng.random() < 0.3 else rng.random()
+                  for _ in range(rng.randrange(1, 3 * window + 1))]
+        for value in values:
+            timing.record(False, value)
+        held = sorted(values[-window:])
+        for percent in (0.1, 10, 50, 90, 95, 99, 100):
+            rank = max(1, math.ceil(percent / 100 * len(held)))
+            assert timing.percentile(percent) == held[rank - 1], (window, percent)

@@ -1,0 +1,202 @@
+"""The relay's own CPU per player-tick, without the kernel or the event loop.
+
+benchmarks/capacity.py measures the whole server over real sockets: its figures include the
+kernel's UDP work (about 4 us a player-tick on our machines) and move by +-10 % from run to run
+on a shared machine. This benchmark isolates the part we write and can change: a RelayServer
+(rooms, the compiled core, the server's receive/tick/flush paths) driven in one process with
+in-memory datagrams, by simulated players that behave like benchmarks/loadgen.py's (rooms of 8,
+a 16-byte input for frame N + 2 on every FRAME N). Only the server's calls are timed
+(``time.process_time``); the players' work is not.
+
+Per tick, as the server does it under load:
+
+    receive   Endpoint.receive_batch of every player's datagrams
+    events    the core's events to the rooms (INPUTs through relay._fastpath)
+    tick      every room closes its frame and hands it to the core (RelayServer._tick)
+    flush     Endpoint.datagrams_to_send: one datagram per player
+
+    python benchmarks/tick_cost.py --players 768 --ticks 300 --repeat 3
+
+The best of ``--repeat`` runs is reported (the least disturbed by the rest of the machine), per
+phase in microseconds per player-tick.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import struct
+import sys
+import time
+from typing import Optional
+
+try:                                    # run as a script from a source tree
+    import relay  # noqa: F401
+except ImportError:                     # pragma: no cover
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import msgpack
+
+from relay import protocol
+from relay.client import client_config
+from relay.config import RelayConfig
+from relay.logs import configure as configure_logs
+from relay.server import RelayServer
+from relay_core import Endpoint, MessageReceived
+
+ROOM_SIZE = 8
+INPUT_DELAY = 2
+SERVER_ADDRESS = ("127.0.0.1", 7777)
+PHASES = ("receive", "events", "tick", "flush")
+
+
+class Player:
+    __slots__ = ("index", "endpoint", "peer", "address", "last", "frames")
+
+    def __init__(self, index: int, now: float):
+        self.index = index
+        self.endpoint = Endpoint(client_config())
+        self.peer = self.endpoint.connect(SERVER_ADDRESS, now)
+        self.address = ("127.0.0.2", 10000 + index)
+        self.last = -1
+        self.frames = 0
+        room = f"room-{index // ROOM_SIZE}"
+        self.endpoint.send(self.peer, protocol.CONTROL, protocol.Join(room, f"p{index % ROOM_SIZE}").encode())
+
+    def send_input(self, frame: int) -> None:
+        payload = struct.pack("<IIQ", self.index, frame, frame)
+        self.endpoint.send(self.peer, protocol.STREAM,
+                           msgpack.packb((protocol.INPUT, frame, payload, self.last), use_bin_type=True))
+
+    def on_events(self) -> None:
+        endpoint = self.endpoint
+        while (event := endpoint.next_event()) is not None:
+            if type(event) is MessageReceived and event.channel == protocol.STREAM:
+                number = frame_number(event.payload)
+                if number > self.last:
+                    first = self.last < 0
+                    self.last = number
+                    self.frames += 1
+                    if first:
+                        for ahead in range(1, INPUT_DELAY):
+                            self.send_input(number + ahead)
+                    self.send_input(number + INPUT_DELAY)
+
+
+def frame_number(payload: bytes) -> int:
+    try:
+        return protocol.frame_number(payload)
+    except protocol.ProtocolError:
+        return -1
+
+
+class Harness:
+    def __init__(self, players: int, tick_rate: int = 30, replays: bool = False):
+        config = RelayConfig()
+        config = dataclasses.replace(
+            config, security=dataclasses.replace(config.security, handshake_rate=0),
+            server=dataclasses.replace(config.server, max_peers=max(players, 64)),
+            rooms=dataclasses.replace(config.rooms, max_rooms=max(1, players // ROOM_SIZE + 1)),
+            # As in benchmarks/capacity.py: replays are a disk feature with their own cost.
+            replay=dataclasses.replace(config.replay, enabled=replays))
+        self.server = RelayServer(config)
+        self.endpoint = self.server.endpoint
+        self.interval = 1.0 / tick_rate
+        self.now = 0.0
+        self.players = [Player(i, self.now) for i in range(players)]
+        self.by_address = {p.address: p for p in self.players}
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.player_ticks = 0
+
+    def _deliver(self, datagrams, now: float) -> None:
+        by_address = self.by_address
+        for data, address in datagrams:
+            player = by_address[address]
+            player.endpoint.receive(data, SERVER_ADDRESS, now)
+        for player in self.players:
+            player.on_events()
+
+    def _client_datagrams(self, now: float) -> list:
+        batch = []
+        for player in self.players:
+            address = player.address
+            for data, _ in player.endpoint.datagrams_to_send(now):
+                batch.append((data, address))
+        return batch
+
+    def tick(self, timed: bool) -> None:
+        clock = time.process_time
+        server, endpoint = self.server, self.endpoint
+        # Inputs arrive during the tick; the frame closes at its end.
+        arrival = self.now + self.interval / 2
+        batch = self._client_datagrams(arrival)
+        t0 = clock()
+        endpoint.receive_batch(batch, arrival)
+        t1 = clock()
+        server._process_events(arrival)
+        t2 = clock()
+        self.now += self.interval
+        server._tick(self.now)
+        t3 = clock()
+        out = endpoint.datagrams_to_send(self.now)
+        t4 = clock()
+        if timed:
+            totals = self.totals
+            totals["receive"] += t1 - t0
+            totals["events"] += t2 - t1
+            totals["tick"] += t3 - t2
+            totals["flush"] += t4 - t3
+            self.player_ticks += len(self.players)
+        self._deliver(out, self.now + 0.001)
+
+    def run(self, ticks: int, warmup: int) -> dict:
+        for _ in range(warmup):
+            self.tick(False)
+        running = sum(1 for p in self.players if p.frames > 0)
+        if running < len(self.players):
+            raise RuntimeError(f"only {running} of {len(self.players)} players receive frames "
+                               f"after {warmup} warm-up ticks")
+        frames_before = sum(p.frames for p in self.players)
+        for _ in range(ticks):
+            self.tick(True)
+        frames = sum(p.frames for p in self.players) - frames_before
+        per = {phase: 1e6 * seconds / self.player_ticks for phase, seconds in self.totals.items()}
+        per["total"] = sum(per.values())
+        return {"players": len(self.players), "ticks": ticks, "frames_received": frames,
+                "frames_expected": ticks * len(self.players), "us_per_player_tick": per}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--players", type=int, default=768, help="players, in rooms of 8 (default 768)")
+    parser.add_argument("--ticks", type=int, default=300, help="measured ticks per run (default 300)")
+    parser.add_argument("--warmup", type=int, default=60, help="ticks before measuring (default 60)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    configure_logs("warning")
+    if args.players < ROOM_SIZE or args.ticks < 1 or args.repeat < 1:
+        parser.error("--players at least 8, --ticks and --repeat at least 1")
+    runs = []
+    for _ in range(args.repeat):
+        gc.collect()
+        runs.append(Harness(args.players).run(args.ticks, args.warmup))
+    best = min(runs, key=lambda r: r["us_per_player_tick"]["total"])
+    lost = best["frames_expected"] - best["frames_received"]
+    print(f"tick cost: {best['players']} players, {best['ticks']} ticks, best of {args.repeat} "
+          f"(server CPU only, no kernel; frames short {lost})")
+    for phase in PHASES + ("total",):
+        values = " ".join(f"{r['us_per_player_tick'][phase]:6.2f}" for r in runs)
+        print(f"  {phase:8s} {best['us_per_player_tick'][phase]:6.2f} us/player-tick   (runs: {values})")
+    total = best["us_per_player_tick"]["total"]
+    print(f"  = {1e6 / (total * 30):.0f} players per core at 30 Hz before the kernel's share")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"best": best, "runs": runs}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
