@@ -43,7 +43,7 @@ from relay import protocol
 from relay.client import client_config
 from relay.config import RelayConfig
 from relay.logs import configure as configure_logs
-from relay.server import RelayServer
+from relay.server import GC_THRESHOLD, RelayServer
 from relay_core import Endpoint, MessageReceived
 
 ROOM_SIZE = 8
@@ -179,6 +179,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     configure_logs("warning")
     if args.players < ROOM_SIZE or args.ticks < 1 or args.repeat < 1:
         parser.error("--players at least 8, --ticks and --repeat at least 1")
+    # The collector as the server sets it up (RelayServer.start).
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     runs = []
     for _ in range(args.repeat):
         gc.collect()

@@ -67,10 +67,11 @@ STREAM_WINDOW = 64
 def endpoint_channels() -> tuple[ChannelConfig, ...]:
     """The channel layout both the relay and its clients configure.
 
-    The windows are small on purpose: every connected player costs a window's worth of slots
-    on each channel, and the relay's per-player memory budget is about 16 KiB. Control
-    messages are rare; 64 frames (2 s at 30 Hz) unacknowledged is already a client that the
-    relay repairs with a catch-up block, and frames past the window wait in the queue, not lost.
+    The windows are small on purpose: a channel's storage grows with the messages in flight up
+    to its window (a player on a good link has one or two frames unacked), and the relay's
+    per-player memory budget is about 16 KiB. Control messages are rare; 64 frames (2 s at
+    30 Hz) unacknowledged is already a client that the relay repairs with a catch-up block, and
+    frames past the window wait in the queue, not lost.
     """
     return (ChannelConfig("reliable_ordered", window=CONTROL_WINDOW),
             ChannelConfig("redundant", window=STREAM_WINDOW, max_pending=16384))

@@ -104,7 +104,7 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         # Copies of unacked frames, when the redundancy policy sends them, may fill the datagram.
         redundancy_budget=config.server.mtu,
         # Per-player memory: small packet buffers (32 packets in flight is the ack window
-        # anyway) and a unit ring sized for a window of small frames.
+        # anyway), and a unit ring that grows at most to a window of small frames.
         sent_packet_buffer=64,
         received_packet_window=64,
         sent_unit_capacity=512,
