@@ -114,7 +114,8 @@ def route_events(endpoint, object on_other, dict peer_room, dict rooms, dict out
                 room_id = peer_room.get(peer_id)
                 room = rooms.get(room_id) if room_id is not None else None
                 if room is not None:
-                    outcome = room.on_input_fields(peer_id, decoded[0], decoded[1], decoded[2], now)
+                    outcome = (<RoomCore?>room).accept_input(peer_id, decoded[0], decoded[1],
+                                                             decoded[2], now)
                     if outcome.startswith("refused:"):
                         on_refused(peer_id, outcome[8:])
                     else:
@@ -253,7 +254,7 @@ cdef class InputTiming:
     ``window`` response times (seconds from the close of the frame the client said it held to
     the arrival of the input) and, per recent input, whether it missed its frame.
     """
-    cdef double* responses
+    cdef float* responses                   # seconds; 4 bytes a sample (a window per player)
     cdef uint8_t* late
     cdef readonly Py_ssize_t window
     cdef readonly Py_ssize_t samples        # response times held (up to window)
@@ -269,7 +270,7 @@ cdef class InputTiming:
         if window < 1:
             raise ValueError("input timing window must be at least 1")
         self.window = window
-        self.responses = <double*>PyMem_Malloc(window * sizeof(double))
+        self.responses = <float*>PyMem_Malloc(window * sizeof(float))
         self.late = <uint8_t*>PyMem_Calloc(window, 1)
         if self.responses == NULL or self.late == NULL:
             raise MemoryError()
@@ -289,14 +290,14 @@ cdef class InputTiming:
         if self.late_seen < self.window:
             self.late_seen += 1
         if response >= 0.0:
-            self.responses[self.next_response] = response
+            self.responses[self.next_response] = <float>response
             self.next_response = self.next_response + 1 if self.next_response + 1 < self.window else 0
             if self.samples < self.window:
                 self.samples += 1
 
     def percentile(self, double percent):
         """Nearest-rank percentile of the response times held (0.0 when there are none)."""
-        cdef Py_ssize_t rank
+        cdef Py_ssize_t rank, i
         cdef double value
         cdef double* ordered
         if self.samples == 0:
@@ -304,8 +305,119 @@ cdef class InputTiming:
         ordered = <double*>PyMem_Malloc(self.samples * sizeof(double))
         if ordered == NULL:
             raise MemoryError()
-        memcpy(ordered, self.responses, self.samples * sizeof(double))
+        for i in range(self.samples):
+            ordered[i] = self.responses[i]
         rank = <Py_ssize_t>ceil(percent / 100.0 * self.samples)
         value = _select(ordered, self.samples, min(max(rank, 1), self.samples) - 1)
         PyMem_Free(ordered)
         return value
+
+
+cdef enum:
+    # Close times kept for timing inputs (16 bytes a frame, per room): a client whose newest
+    # frame is older than this is far behind (past the default catchup_frames of 150 it gets a
+    # catch-up block), and its inputs say nothing about its link.
+    CLOSE_TIMES_KEPT = 256
+
+
+cdef str WAITING = "waiting"
+cdef str RUNNING = "running"
+cdef str ACCEPTED = "accepted"
+cdef str LATE = "late"
+
+
+cdef class RoomCore:
+    """The per-input half of a room, compiled: relay.room.Room subclasses it.
+
+    Every player's every input goes through ``accept_input`` (from ``route_events``, or
+    ``Room.on_input_fields``), so what it reads is held in C fields: the room's state, its open
+    frame, the inputs waiting for their frames, its members, the input limits (copied from the
+    room's settings, which do not change during a match) and when recent frames closed.
+    """
+    cdef public str state
+    cdef public long long open_frame
+    cdef public dict members                # peer id -> relay.room.Member
+    cdef public dict pending_inputs         # frame -> {slot: payload}
+    cdef public Py_ssize_t max_input_bytes
+    cdef public long long max_input_lead
+    cdef public bint drop_late_inputs       # late_input_policy == "drop"
+    cdef long long* closed_numbers          # slot n % CLOSE_TIMES_KEPT: frame n, or -1
+    cdef double* closed_at
+
+    def __cinit__(self, *args, **kwargs):
+        cdef Py_ssize_t i
+        self.closed_numbers = <long long*>PyMem_Malloc(CLOSE_TIMES_KEPT * sizeof(long long))
+        self.closed_at = <double*>PyMem_Calloc(CLOSE_TIMES_KEPT, sizeof(double))
+        if self.closed_numbers == NULL or self.closed_at == NULL:
+            raise MemoryError()
+        for i in range(CLOSE_TIMES_KEPT):
+            self.closed_numbers[i] = -1
+        self.state = WAITING
+        self.members = {}
+        self.pending_inputs = {}
+
+    def __dealloc__(self):
+        PyMem_Free(self.closed_numbers)
+        PyMem_Free(self.closed_at)
+
+    def record_close(self, long long number, double now):
+        """Frame ``number`` closed at ``now`` (inputs naming it as held are timed from then)."""
+        self.closed_numbers[number % CLOSE_TIMES_KEPT] = number
+        self.closed_at[number % CLOSE_TIMES_KEPT] = now
+
+    def on_input_fields(self, int peer_id, long long frame, bytes payload, long long have,
+                        now=None):
+        """Buffer one input; returns the outcome: accepted, late, duplicate, or
+        refused:<reason>. ``now`` (the arrival time) times the input for the input-delay
+        advice."""
+        return self.accept_input(peer_id, frame, payload, have, -1.0 if now is None else now)
+
+    cdef str accept_input(self, int peer_id, long long frame, bytes payload, long long have,
+                          double now):
+        cdef object member = self.members.get(peer_id)
+        cdef object slot
+        cdef dict inputs
+        cdef str outcome = ACCEPTED
+        if member is None:
+            return "refused:not_a_player"
+        slot = member.slot
+        if slot is None:
+            return "refused:not_a_player"
+        if have > <long long>member.have:
+            member.have = have
+        member.reported = True
+        if self.state != RUNNING:
+            return "refused:not_running"
+        if now >= 0.0:
+            self._time_input(member, frame, have, now)
+        if len(payload) > self.max_input_bytes:
+            return "refused:too_large"
+        if frame < self.open_frame:
+            if self.drop_late_inputs:
+                return "refused:late_dropped"
+            frame, outcome = self.open_frame, LATE
+        elif frame > self.open_frame + self.max_input_lead:
+            return "refused:too_far_ahead"
+        inputs = self.pending_inputs.get(frame)
+        if inputs is None:
+            inputs = {}
+            self.pending_inputs[frame] = inputs
+        if slot in inputs:
+            return "duplicate" if outcome is ACCEPTED else "refused:late_dropped"
+        inputs[slot] = payload
+        return outcome
+
+    cdef void _time_input(self, object member, long long frame, long long have, double now) except *:
+        """How long after frame ``have`` closed this input arrived: the input was sent for frame
+        have + d when the client held frame ``have``, so d must exceed this time in frames for it
+        to be on time. Inputs sent while catching up say nothing about the link."""
+        cdef object timing = member.timing
+        cdef double response = -1.0
+        cdef Py_ssize_t index
+        if timing is None:
+            return
+        if 0 <= have < self.open_frame and not member.catching_up:
+            index = have % CLOSE_TIMES_KEPT
+            if self.closed_numbers[index] == have:
+                response = max(0.0, now - self.closed_at[index])
+        (<InputTiming?>timing).record(frame < self.open_frame, response)

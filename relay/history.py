@@ -50,7 +50,10 @@ class FrameHistory:
         if self._memory is None:
             try:
                 if self._file is None:
-                    self._file = tempfile.TemporaryFile(prefix="relay-history-", dir=self.directory)
+                    # Unbuffered: frames go through os.pwrite/pread, and a buffer
+                    # would cost every room ~4 KB.
+                    self._file = tempfile.TemporaryFile(prefix="relay-history-", dir=self.directory,
+                                                        buffering=0)
                 written = os.pwrite(self._file.fileno(), chunk, self._size)
                 if written != len(chunk):
                     raise OSError(f"short write ({written} of {len(chunk)} bytes)")

@@ -20,13 +20,12 @@ delay the player needs for its inputs to make their frames; the room advises it 
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass, field
 from typing import Optional
 
 from relay import protocol
 from relay.config import RoomSettings
-from relay._fastpath import InputTiming
+from relay._fastpath import InputTiming, RoomCore
 from relay.history import FrameHistory
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
 
@@ -39,9 +38,6 @@ DESYNC_WAIT_FRAMES = 30
 HISTORY_BLOCK_FRAMES = 16384
 # Newest frames of a room's history kept in memory (~1 s at 30 Hz; up to 32 more wait to be spooled).
 HISTORY_IN_MEMORY = 32
-# Close times kept for timing inputs: a client whose newest frame is older than this is far
-# behind (it gets a catch-up block), and its inputs say nothing about its link.
-CLOSE_TIMES_KEPT = 512
 # Each player's input-delay advice is recomputed this often, frames (staggered by slot).
 ADVICE_EVERY_FRAMES = 15
 # Response times needed before the first advice.
@@ -111,12 +107,17 @@ class Member:
     """Players only: input response times and the advice sent."""
 
 
-class Room:
+class Room(RoomCore):
+    """A room's membership, lifecycle and frames; the per-input work is RoomCore's (compiled)."""
+
     def __init__(self, room_id: str, settings: RoomSettings, tick_rate: int, now: float,
                  start_policy: Optional[str] = None, start_players: Optional[int] = None,
                  capacity: Optional[int] = None):
         self.room_id = room_id
         self.settings = settings
+        self.max_input_bytes = settings.max_input_bytes
+        self.max_input_lead = settings.max_input_lead
+        self.drop_late_inputs = settings.late_input_policy == "drop"
         self.tick_rate = tick_rate
         self.capacity = capacity if capacity is not None else settings.capacity
         self.start_policy = start_policy or settings.start_policy
@@ -137,10 +138,6 @@ class Room:
         self.neutral_input = settings.neutral_input_bytes
         self.synthesized_inputs = 0
         """Inputs made up by missing_input_policy, in all."""
-        # When each of the last CLOSE_TIMES_KEPT frames closed, in flat rings (a tuple per frame
-        # cost ~7 KB per player): slot n % CLOSE_TIMES_KEPT holds frame n, or -1.
-        self._closed_numbers = array("q", [-1]) * CLOSE_TIMES_KEPT
-        self._closed_at = array("d", bytes(8 * CLOSE_TIMES_KEPT))
         self.checksums: dict[int, dict[int, int]] = {}
         self.first_desync: Optional[int] = None
         """The first frame at which the players' checksums diverged."""
@@ -373,48 +370,6 @@ class Room:
         ``now`` (the arrival time) times the input for the input-delay advice."""
         return self.on_input_fields(peer_id, message.frame, message.payload, message.have, now)
 
-    def on_input_fields(self, peer_id: int, frame: int, payload: bytes, have: int,
-                        now: Optional[float] = None) -> str:
-        """``on_input`` with the INPUT's fields (the server's compiled receive path calls this
-        without building an Input per message)."""
-        member = self.members.get(peer_id)
-        if member is None or member.slot is None:
-            return "refused:not_a_player"
-        if have > member.have:
-            member.have = have
-        member.reported = True
-        if self.state != RUNNING:
-            return "refused:not_running"
-        if now is not None and member.timing is not None:
-            self._time_input(member, frame, have, now)
-        if len(payload) > self.settings.max_input_bytes:
-            return "refused:too_large"
-        outcome = "accepted"
-        if frame < self.open_frame:
-            if self.settings.late_input_policy == "drop":
-                return "refused:late_dropped"
-            frame, outcome = self.open_frame, "late"
-        elif frame > self.open_frame + self.settings.max_input_lead:
-            return "refused:too_far_ahead"
-        inputs = self.pending_inputs.get(frame)
-        if inputs is None:
-            inputs = self.pending_inputs[frame] = {}
-        if member.slot in inputs:
-            return "duplicate" if outcome == "accepted" else "refused:late_dropped"
-        inputs[member.slot] = payload
-        return outcome
-
-    def _time_input(self, member: Member, frame: int, have: int, now: float) -> None:
-        """Record how long after frame ``have`` closed this input arrived: the input was sent
-        for frame have + d when the client held frame ``have``, so d must exceed this time in
-        frames for it to be on time. Inputs sent while catching up say nothing about the link."""
-        response = -1.0
-        if 0 <= have < self.open_frame and not member.catching_up:
-            index = have % CLOSE_TIMES_KEPT
-            if self._closed_numbers[index] == have:
-                response = max(0.0, now - self._closed_at[index])
-        member.timing.record(frame < self.open_frame, response)
-
     def _advise_input_delay(self, member: Member, now: float) -> None:
         timing = member.timing
         if timing.samples < ADVICE_MIN_SAMPLES:
@@ -497,8 +452,7 @@ class Room:
         self.last_inputs = frame.inputs
         self.pending_events = []
         self.history.append(data)
-        self._closed_numbers[number % CLOSE_TIMES_KEPT] = number
-        self._closed_at[number % CLOSE_TIMES_KEPT] = now
+        self.record_close(number, now)
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
         broadcast: Optional[list] = [] if self.broadcast_frames else None
