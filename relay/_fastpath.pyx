@@ -341,6 +341,12 @@ cdef class RoomCore:
     cdef public Py_ssize_t max_input_bytes
     cdef public long long max_input_lead
     cdef public bint drop_late_inputs       # late_input_policy == "drop"
+    cdef public list slots                  # relay.room.Slot per slot index
+    cdef public list last_inputs            # inputs of the last closed frame
+    cdef public str missing_input_policy    # none, repeat or neutral
+    cdef public object neutral_input
+    cdef public long long synthesized_inputs
+    cdef public bint broadcast_frames       # one broadcast Action per frame, not a send each
     cdef long long* closed_numbers          # slot n % CLOSE_TIMES_KEPT: frame n, or -1
     cdef double* closed_at
 
@@ -355,6 +361,9 @@ cdef class RoomCore:
         self.state = WAITING
         self.members = {}
         self.pending_inputs = {}
+        self.slots = []
+        self.last_inputs = []
+        self.missing_input_policy = "none"
 
     def __dealloc__(self):
         PyMem_Free(self.closed_numbers)
@@ -364,6 +373,58 @@ cdef class RoomCore:
         """Frame ``number`` closed at ``now`` (inputs naming it as held are timed from then)."""
         self.closed_numbers[number % CLOSE_TIMES_KEPT] = number
         self.closed_at[number % CLOSE_TIMES_KEPT] = now
+
+    def collect_inputs(self, long long number):
+        """Frame ``number``'s input per slot from those received for it, a connected player's
+        missing one made up by missing_input_policy: (inputs, synthesized slot indexes)."""
+        cdef dict received = self.pending_inputs.pop(number, None)
+        cdef list previous = self.last_inputs
+        cdef list inputs = [], synthesized = []
+        cdef str policy = self.missing_input_policy
+        cdef bint make_up = policy != "none"
+        cdef bint repeat = policy == "repeat"
+        cdef Py_ssize_t index
+        for slot in self.slots:
+            index = slot.index
+            value = received.get(index) if received is not None else None
+            if value is None and make_up and slot.peer_id is not None:
+                if repeat:
+                    value = previous[index] if 0 <= index < len(previous) else None
+                else:
+                    value = self.neutral_input
+                if value is not None:
+                    synthesized.append(index)
+            inputs.append(value)
+        self.synthesized_inputs += len(synthesized)
+        return inputs, synthesized
+
+    def fan_out(self, long long number, bytes data, double now, long long spectator_frame,
+                long long catchup_frames, long long advice_every):
+        """Frame ``number`` (``data``) to every member: players get it now (their ids are
+        returned for one broadcast when broadcast_frames, else a send each through
+        ``_send_stream``), spectators frame ``spectator_frame`` once they are that far. On the
+        way: a member that lost frames or is far behind is caught up (``_maybe_catch_up``),
+        and every ``advice_every`` frames a player's input delay is reviewed
+        (``_advise_input_delay``)."""
+        cdef list broadcast = [] if self.broadcast_frames else None
+        for member in self.members.values():
+            if not member.catching_up and (member.missing_from is not None or (
+                    member.reported and number - <long long>member.have > catchup_frames)):
+                self._maybe_catch_up(member)
+            if member.spectator:
+                if spectator_frame >= <long long>member.next_live:
+                    member.last_sent = spectator_frame
+                    self._send_stream(member.peer_id, self.history[spectator_frame])
+            else:
+                member.last_sent = number
+                if broadcast is None:
+                    self._send_stream(member.peer_id, data)
+                else:
+                    broadcast.append(member.peer_id)
+                if (member.timing is not None
+                        and (number + <long long>member.slot) % advice_every == 0):
+                    self._advise_input_delay(member, now)
+        return broadcast
 
     def on_input_fields(self, int peer_id, long long frame, bytes payload, long long have,
                         now=None):

@@ -135,6 +135,7 @@ class Room(RoomCore):
         self.pending_events: list[list] = []
         self.last_inputs: list = []
         """Inputs of the last closed frame: the next frame is encoded relative to them."""
+        self.missing_input_policy = settings.missing_input_policy
         self.neutral_input = settings.neutral_input_bytes
         self.synthesized_inputs = 0
         """Inputs made up by missing_input_policy, in all."""
@@ -455,26 +456,8 @@ class Room(RoomCore):
         self.record_close(number, now)
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
-        broadcast: Optional[list] = [] if self.broadcast_frames else None
-        catchup_frames = self.settings.catchup_frames
-        for member in self.members.values():
-            if not member.catching_up and (member.missing_from is not None or (
-                    member.reported and number - member.have > catchup_frames)):
-                self._maybe_catch_up(member)
-            if member.spectator:
-                if spectator_frame >= member.next_live:
-                    member.last_sent = spectator_frame
-                    self.actions.append(Action("send", member.peer_id, STREAM,
-                                               self.history[spectator_frame]))
-            else:
-                member.last_sent = number
-                if broadcast is None:
-                    self.actions.append(Action("send", member.peer_id, STREAM, data))
-                else:
-                    broadcast.append(member.peer_id)
-                if (member.timing is not None
-                        and (number + member.slot) % ADVICE_EVERY_FRAMES == 0):
-                    self._advise_input_delay(member, now)
+        broadcast = self.fan_out(number, data, now, spectator_frame, self.settings.catchup_frames,
+                                 ADVICE_EVERY_FRAMES)
         if broadcast:
             self.actions.append(Action("broadcast", -1, STREAM, data, peer_ids=broadcast))
         for frame in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
@@ -491,23 +474,11 @@ class Room(RoomCore):
     def _assemble(self, number: int) -> Frame:
         """Frame ``number`` from the inputs received for it; a connected player's missing input
         is filled in by missing_input_policy and marked synthesized."""
-        received = self.pending_inputs.pop(number, {})
-        policy = self.settings.missing_input_policy
-        previous = self.last_inputs
-        inputs: list = []
-        synthesized: list[int] = []
-        for slot in self.slots:
-            value = received.get(slot.index)
-            if value is None and policy != "none" and slot.peer_id is not None:
-                if policy == "repeat":
-                    value = previous[slot.index] if slot.index < len(previous) else None
-                else:
-                    value = self.neutral_input
-                if value is not None:
-                    synthesized.append(slot.index)
-            inputs.append(value)
-        self.synthesized_inputs += len(synthesized)
+        inputs, synthesized = self.collect_inputs(number)
         return Frame(number, inputs, self.pending_events, synthesized)
+
+    def _send_stream(self, peer_id: int, data: bytes) -> None:
+        self.actions.append(Action("send", peer_id, STREAM, data))
 
     def _maybe_catch_up(self, member: Member) -> None:
         """Repair a member with one block: the frames it lacks because a send failed, or,
