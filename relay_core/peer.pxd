@@ -65,6 +65,7 @@ cdef class Peer:
     cdef uint32_t* sent_stamp          # the datagram stamp channels remember their last write by
     cdef SentUnits units
     cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
+    cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
     cdef uint32_t stamp
     cdef uint16_t highest_acked        # newest of our packets the peer has acked
 
@@ -132,6 +133,7 @@ cdef class Peer:
     cdef void begin_disconnect(self, int code)
     cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
     cdef void process_acks(self, DataHeader* h, double now)
+    cdef void packet_acked(self, uint16_t seq)
     cdef void detect_gaps(self, uint16_t newest, double now)
     cdef void on_packet_lost(self, int slot, double now)
     cdef void keep_unacked_units(self) noexcept

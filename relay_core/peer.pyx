@@ -7,6 +7,9 @@ what goes into each datagram and what an incoming one means.
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memset
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long) nogil
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from cryptography.exceptions import InvalidTag
@@ -183,6 +186,7 @@ cdef class Peer:
         packet = ad + self.seal_aead.encrypt(make_nonce(packet_type, self.send_counter), plaintext, ad)
         self.send_counter += 1
         self.next_seq += 1
+        self.in_flight <<= 1                # a seq no DATA packet of ours carries
         return packet
 
     cdef object open_control(self, bytes datagram, int packet_type):
@@ -316,36 +320,29 @@ cdef class Peer:
             self.latest_received_at = now
 
     cdef void process_acks(self, DataHeader* h, double now):
-        cdef int i, slot
-        cdef uint16_t seq
-        cdef uint64_t u, start, count
-        cdef SentUnit* unit
-        cdef SentUnits units = self.units
-        cdef list channels = self.send_channels
+        cdef int i, behind
+        cdef uint64_t newly
         cdef double sample
         if h.ack_bits == 0 or not self.sent_packets.contains(h.ack):
             return
         if seq_diff(h.ack, self.highest_acked) > 0:
             self.highest_acked = h.ack
-        for i in range(32):
-            if not (h.ack_bits >> i) & 1:
-                continue
-            seq = <uint16_t>(h.ack - i)
-            if not self.sent_packets.contains(seq):
-                continue
-            slot = self.sent_packets.slot(seq)
-            if self.sent_acked[slot]:
-                continue
-            self.sent_acked[slot] = 1
-            self.packets_acked += 1
-            start = self.sent_unit_start[slot]
-            count = self.sent_unit_count[slot]
-            # Units overwritten by newer packets are repaired by RTO instead.
-            if not units.holds(start):
-                continue
-            for u in range(start, start + count):
-                unit = &units.ring[u & (units.capacity - 1)]
-                (<SendChannel>channels[unit.channel]).on_ack(unit.msg_id, unit.fragment)
+        # Ack bit i names our packet ack - i, which is bit behind + i of in_flight.
+        behind = seq_diff(<uint16_t>(self.next_seq - 1), h.ack)
+        if 0 <= behind <= 32:
+            # Only packets still in flight are news: usually just the newest one.
+            newly = self.in_flight & ((<uint64_t>h.ack_bits) << behind)
+            self.in_flight &= ~newly
+            while newly:
+                i = __builtin_ctzll(newly)
+                newly &= newly - 1
+                self.packet_acked(<uint16_t>(self.next_seq - 1 - i))
+        else:
+            for i in range(32):
+                if (h.ack_bits >> i) & 1:
+                    if 0 <= behind + i < 64:
+                        self.in_flight &= ~((<uint64_t>1) << (behind + i))
+                    self.packet_acked(<uint16_t>(h.ack - i))
         if h.ack_bits & 1:
             # echo_time is our send_time plus the time the peer held our packet (PROTOCOL.md).
             sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
@@ -364,6 +361,28 @@ cdef class Peer:
                     self.loss += LOSS_ALPHA * (1.0 - self.loss)
                     self.packets_lost += 1
             self.loss_cursor += 1
+
+    cdef void packet_acked(self, uint16_t seq):
+        """Our packet ``seq`` arrived: each message unit it carried is acked to its channel."""
+        cdef int slot
+        cdef uint64_t u, start, count
+        cdef SentUnit* unit
+        cdef SentUnits units = self.units
+        if not self.sent_packets.contains(seq):
+            return
+        slot = self.sent_packets.slot(seq)
+        if self.sent_acked[slot]:
+            return
+        self.sent_acked[slot] = 1
+        self.packets_acked += 1
+        start = self.sent_unit_start[slot]
+        count = self.sent_unit_count[slot]
+        # Units overwritten by newer packets are repaired by RTO instead.
+        if not units.holds(start):
+            return
+        for u in range(start, start + count):
+            unit = &units.ring[u & (units.capacity - 1)]
+            (<SendChannel>self.send_channels[unit.channel]).on_ack(unit.msg_id, unit.fragment)
 
     cdef void detect_gaps(self, uint16_t newest, double now):
         """The peer holds ``newest``: judge every older packet of ours sent more than the
@@ -509,6 +528,7 @@ cdef class Peer:
             self.sent_unit_start[slot] = units_start
             self.sent_unit_count[slot] = <uint32_t>(self.units.head - units_start)
             self.sent_stamp[slot] = self.stamp
+            self.in_flight = (self.in_flight << 1) | 1
             if self.seal_aead is None:
                 datagram = PyBytes_FromStringAndSize(<char*>buf, pos)
             else:
