@@ -363,15 +363,13 @@ cdef class Endpoint:
         """Everything due at ``now``, as a list of (bytes, address). Runs due timers first."""
         cdef list out = self.control_out
         cdef Peer peer
-        cdef double deadline
         self.control_out = []
         self.output_pending = False
         for peer in self.closing:
             peer.flush(now, self.scratch, out)
         self.closing.clear()
         for peer in self._due_peers(now):
-            deadline = peer.next_deadline()
-            if 0.0 <= deadline <= now and self._run_timers(peer, now):
+            if 0.0 <= self._timer_deadline(peer) <= now and self._run_timers(peer, now):
                 peer.flush(now, self.scratch, out)      # the DISCONNECT it just queued
                 continue
             peer.flush(now, self.scratch, out)
@@ -381,10 +379,8 @@ cdef class Endpoint:
     def handle_timeout(self, double now):
         """Run every timer due at ``now`` (timeouts, RTO expiries, mode changes)."""
         cdef Peer peer
-        cdef double deadline
         for peer in self._due_peers(now):
-            deadline = peer.next_deadline()
-            if 0.0 <= deadline <= now and self._run_timers(peer, now):
+            if 0.0 <= self._timer_deadline(peer) <= now and self._run_timers(peer, now):
                 continue
             self.dirty.add(peer.peer_id)        # the next datagrams_to_send flushes it
             self.output_pending = True
@@ -414,8 +410,19 @@ cdef class Endpoint:
                 ids.add(entry.peer_id)
         return [self.peers[peer_id] for peer_id in ids if peer_id in self.peers]
 
+    cdef inline double _timer_deadline(self, Peer peer):
+        """When the peer's timers (timeout, RTO expiries, mode changes) may next be due. For a
+        connected peer its deadline when last scheduled will do: between flushes a timer can
+        only move later (a receive pushes the timeout back, an ack retires a message's RTO);
+        what makes one earlier is a send, and every flush reschedules. Every tick queues a
+        frame for every player, and recomputing next_deadline() then says "now" for all of them."""
+        if peer.state == STATE_CONNECTED:
+            return peer.scheduled_deadline
+        return peer.next_deadline()
+
     cdef void _schedule(self, Peer peer):
         cdef double deadline = peer.next_deadline()
+        peer.scheduled_deadline = deadline
         peer.schedule_generation += 1
         if deadline >= 0.0:
             self._due_push(deadline, peer.peer_id, peer.schedule_generation)

@@ -14,9 +14,19 @@ cdef enum PeerState:
     STATE_CLOSED = 4
 
 
+cdef struct SentPacket:
+    double time
+    uint64_t unit_start                 # its units in the ring: [unit_start, unit_start + unit_count)
+    uint32_t unit_count
+    uint32_t stamp                      # the datagram stamp channels remember their last write by
+    uint32_t tag                        # its seq, or 0xFFFFFFFF: an empty slot
+    uint8_t acked
+
+
 cdef class Peer:
     cdef readonly int peer_id
     cdef public unsigned long long schedule_generation   # which entry of the endpoint's heap is current
+    cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
     cdef readonly object address
     cdef readonly int state
     cdef readonly uint32_t session_id
@@ -57,12 +67,8 @@ cdef class Peer:
     cdef uint16_t latest_remote_send_time
     cdef double latest_received_at
     cdef SequenceBuffer received_packets
-    cdef SequenceBuffer sent_packets
-    cdef double* sent_time
-    cdef uint8_t* sent_acked
-    cdef uint64_t* sent_unit_start
-    cdef uint32_t* sent_unit_count
-    cdef uint32_t* sent_stamp          # the datagram stamp channels remember their last write by
+    cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
+    cdef int sent_size                  # sent_packet_buffer (a power of two)
     cdef SentUnits units
     cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
     cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
@@ -135,8 +141,13 @@ cdef class Peer:
     cdef void process_acks(self, DataHeader* h, double now)
     cdef void packet_acked(self, uint16_t seq)
     cdef void detect_gaps(self, uint16_t newest, double now)
-    cdef void on_packet_lost(self, int slot, double now)
+    cdef void on_packet_lost(self, SentPacket* packet, double now)
     cdef void keep_unacked_units(self) noexcept
+
+    cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
+        """Our packet ``seq``, or NULL once a newer one has taken its slot."""
+        cdef SentPacket* packet = &self.sent[seq & (self.sent_size - 1)]
+        return packet if packet.tag == seq else NULL
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
     cdef void refill(self, double now)

@@ -46,6 +46,7 @@ LOSS_ALPHA = 0.05
 # (a burst waits for acks; a steady stream on a very slow path is paced, and its small messages
 # then share datagrams).
 cdef int ACK_WINDOW = 32
+cdef uint32_t NO_PACKET = 0xFFFFFFFF     # the tag of an empty SentPacket slot (seqs are 16-bit)
 # Units the ring starts with: a few packets' worth while acks come back.
 cdef int INITIAL_SENT_UNITS = 32
 
@@ -53,7 +54,7 @@ cdef int INITIAL_SENT_UNITS = 32
 cdef class Peer:
     def __init__(self, int peer_id, object address, object config, object events, double now,
                  uint32_t connect_id, MemoryBudget block_budget, int reserve=0, object token=None):
-        cdef int n
+        cdef int n, i
         self.peer_id = peer_id
         # Sizes are fixed when the channels are built, before a client knows whether the server
         # will encrypt: a client with a token always keeps room for the tag.
@@ -70,17 +71,15 @@ cdef class Peer:
         self.disconnect_code = 0
 
         self.received_packets = SequenceBuffer(config.received_packet_window)
-        self.sent_packets = SequenceBuffer(config.sent_packet_buffer)
+        # One record per packet in one array: an ack reads one cache line, not five.
         n = config.sent_packet_buffer
-        self.sent_time = <double*>PyMem_Malloc(n * sizeof(double))
-        self.sent_acked = <uint8_t*>PyMem_Malloc(n)
-        self.sent_unit_start = <uint64_t*>PyMem_Malloc(n * sizeof(uint64_t))
-        self.sent_unit_count = <uint32_t*>PyMem_Malloc(n * sizeof(uint32_t))
-        self.sent_stamp = <uint32_t*>PyMem_Malloc(n * sizeof(uint32_t))
-        if not (self.sent_time and self.sent_acked and self.sent_unit_start and self.sent_unit_count
-                and self.sent_stamp):
+        self.sent_size = n
+        self.sent = <SentPacket*>PyMem_Malloc(n * sizeof(SentPacket))
+        if self.sent == NULL:
             raise MemoryError()
-        memset(self.sent_acked, 0, n)
+        memset(self.sent, 0, n * sizeof(SentPacket))
+        for i in range(n):
+            self.sent[i].tag = NO_PACKET
         self.highest_acked = 0xFFFF     # "packet -1": nothing acked yet, first seq is 0
         # Small while few packets await their ack; grows to sent_unit_capacity when needed.
         self.units = SentUnits(min(INITIAL_SENT_UNITS, config.sent_unit_capacity),
@@ -144,11 +143,7 @@ cdef class Peer:
         self.bad_redundancy_budget = config.bad_mode_redundancy_budget
 
     def __dealloc__(self):
-        PyMem_Free(self.sent_time)
-        PyMem_Free(self.sent_acked)
-        PyMem_Free(self.sent_unit_start)
-        PyMem_Free(self.sent_unit_count)
-        PyMem_Free(self.sent_stamp)
+        PyMem_Free(self.sent)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -323,7 +318,8 @@ cdef class Peer:
         cdef int i, behind
         cdef uint64_t newly
         cdef double sample
-        if h.ack_bits == 0 or not self.sent_packets.contains(h.ack):
+        cdef SentPacket* packet
+        if h.ack_bits == 0 or self.sent_packet(h.ack) == NULL:
             return
         if seq_diff(h.ack, self.highest_acked) > 0:
             self.highest_acked = h.ack
@@ -351,11 +347,12 @@ cdef class Peer:
             if self.adaptive:
                 self.detect_gaps(h.ack, now)
         # Packets 32 or more behind the newest ack can never be acked again: count them.
-        if seq_diff(h.ack, self.loss_cursor) > self.sent_packets.size + 32:
-            self.loss_cursor = <uint16_t>(h.ack - self.sent_packets.size - 32)
+        if seq_diff(h.ack, self.loss_cursor) > self.sent_size + 32:
+            self.loss_cursor = <uint16_t>(h.ack - self.sent_size - 32)
         while seq_diff(h.ack, self.loss_cursor) >= 32 and seq_diff(self.next_seq, self.loss_cursor) > 0:
-            if self.sent_packets.contains(self.loss_cursor):
-                if self.sent_acked[self.sent_packets.slot(self.loss_cursor)]:
+            packet = self.sent_packet(self.loss_cursor)
+            if packet != NULL:
+                if packet.acked:
                     self.loss -= LOSS_ALPHA * self.loss
                 else:
                     self.loss += LOSS_ALPHA * (1.0 - self.loss)
@@ -364,23 +361,19 @@ cdef class Peer:
 
     cdef void packet_acked(self, uint16_t seq):
         """Our packet ``seq`` arrived: each message unit it carried is acked to its channel."""
-        cdef int slot
-        cdef uint64_t u, start, count
+        cdef uint64_t u, start
         cdef SentUnit* unit
         cdef SentUnits units = self.units
-        if not self.sent_packets.contains(seq):
+        cdef SentPacket* packet = self.sent_packet(seq)
+        if packet == NULL or packet.acked:
             return
-        slot = self.sent_packets.slot(seq)
-        if self.sent_acked[slot]:
-            return
-        self.sent_acked[slot] = 1
+        packet.acked = 1
         self.packets_acked += 1
-        start = self.sent_unit_start[slot]
-        count = self.sent_unit_count[slot]
+        start = packet.unit_start
         # Units overwritten by newer packets are repaired by RTO instead.
         if not units.holds(start):
             return
-        for u in range(start, start + count):
+        for u in range(start, start + packet.unit_count):
             unit = &units.ring[u & (units.capacity - 1)]
             (<SendChannel>self.send_channels[unit.channel]).on_ack(unit.msg_id, unit.fragment)
 
@@ -388,29 +381,27 @@ cdef class Peer:
         """The peer holds ``newest``: judge every older packet of ours sent more than the
         reorder window before it. One the peer has not acked by now arrived after ``newest`` or
         never, and arriving after a packet sent that much later is beyond the path's jitter."""
-        cdef int slot
-        cdef uint16_t seq
-        cdef double newest_sent = self.sent_time[self.sent_packets.slot(newest)]
+        cdef SentPacket* packet
+        cdef double newest_sent = self.sent_packet(newest).time     # process_acks checked it
         cdef double window = max(self.reorder_tolerance, 4.0 * self.rtt.rttvar)
-        if seq_diff(newest, self.gap_cursor) > self.sent_packets.size:
-            self.gap_cursor = <uint16_t>(newest - self.sent_packets.size)
+        if seq_diff(newest, self.gap_cursor) > self.sent_size:
+            self.gap_cursor = <uint16_t>(newest - self.sent_size)
         while seq_diff(newest, self.gap_cursor) > 0:
-            seq = self.gap_cursor
-            if self.sent_packets.contains(seq):
-                slot = self.sent_packets.slot(seq)
-                if newest_sent - self.sent_time[slot] <= window:
+            packet = self.sent_packet(self.gap_cursor)
+            if packet != NULL:
+                if newest_sent - packet.time <= window:
                     return
-                if self.sent_acked[slot]:
+                if packet.acked:
                     if self.packets_since_loss < self.loss_memory:
                         self.packets_since_loss += 1
                 else:
-                    self.on_packet_lost(slot, now)
+                    self.on_packet_lost(packet, now)
             self.gap_cursor += 1
 
-    cdef void on_packet_lost(self, int slot, double now):
+    cdef void on_packet_lost(self, SentPacket* packet, double now):
         """Copies start (or go on), and the redundant channels resend what only it carried."""
-        cdef uint64_t u, start = self.sent_unit_start[slot]
-        cdef uint64_t count = self.sent_unit_count[slot]
+        cdef uint64_t u, start = packet.unit_start
+        cdef uint64_t count = packet.unit_count
         cdef SentUnits units = self.units
         cdef SentUnit* unit
         cdef list channels = self.send_channels
@@ -420,7 +411,7 @@ cdef class Peer:
             return
         for u in range(start, start + count):
             unit = &units.ring[u & (units.capacity - 1)]
-            (<SendChannel>channels[unit.channel]).on_lost(unit.msg_id, self.sent_stamp[slot], now)
+            (<SendChannel>channels[unit.channel]).on_lost(unit.msg_id, packet.stamp, now)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -428,14 +419,16 @@ cdef class Peer:
         """Point the unit ring's floor at the oldest packet still in the sent buffer and not
         acked: the ring grows rather than overwrite what an ack may still need."""
         cdef uint16_t seq = self.unacked_tail
-        if seq_diff(self.next_seq, seq) > self.sent_packets.size:
-            seq = <uint16_t>(self.next_seq - self.sent_packets.size)
-        while seq != self.next_seq and not (self.sent_packets.contains(seq)
-                                            and not self.sent_acked[self.sent_packets.slot(seq)]):
+        cdef SentPacket* packet = NULL
+        if seq_diff(self.next_seq, seq) > self.sent_size:
+            seq = <uint16_t>(self.next_seq - self.sent_size)
+        while seq != self.next_seq:
+            packet = self.sent_packet(seq)
+            if packet != NULL and not packet.acked:
+                break
             seq += 1
         self.unacked_tail = seq
-        self.units.floor = (self.sent_unit_start[self.sent_packets.slot(seq)]
-                            if seq != self.next_seq else self.units.head)
+        self.units.floor = packet.unit_start if seq != self.next_seq else self.units.head
 
     cdef void refill(self, double now):
         if now > self.tokens_at:
@@ -474,7 +467,8 @@ cdef class Peer:
 
     cdef void flush(self, double now, uint8_t* buf, list out):
         """Append this peer's datagrams for ``now`` to ``out`` as (bytes, address)."""
-        cdef int k, slot
+        cdef int k
+        cdef SentPacket* packet
         cdef Py_ssize_t pos, end = self.mtu - self.reserve
         cdef DataHeader h
         cdef bytes datagram
@@ -522,12 +516,13 @@ cdef class Peer:
             held = min((now - self.latest_received_at) * 1000.0, 60000.0) if self.has_received else 0.0
             h.echo_time = <uint16_t>(self.latest_remote_send_time + <uint16_t>held)
             write_data_header(buf, &h)
-            slot = self.sent_packets.insert(self.next_seq)
-            self.sent_time[slot] = now
-            self.sent_acked[slot] = 0
-            self.sent_unit_start[slot] = units_start
-            self.sent_unit_count[slot] = <uint32_t>(self.units.head - units_start)
-            self.sent_stamp[slot] = self.stamp
+            packet = &self.sent[self.next_seq & (self.sent_size - 1)]
+            packet.tag = self.next_seq
+            packet.time = now
+            packet.acked = 0
+            packet.unit_start = units_start
+            packet.unit_count = <uint32_t>(self.units.head - units_start)
+            packet.stamp = self.stamp
             self.in_flight = (self.in_flight << 1) | 1
             if self.seal_aead is None:
                 datagram = PyBytes_FromStringAndSize(<char*>buf, pos)
