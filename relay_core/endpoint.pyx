@@ -297,7 +297,6 @@ cdef class Endpoint:
         cdef Py_ssize_t n = len(datagram)
         cdef const uint8_t* p = <const uint8_t*><const char*>datagram
         cdef int ptype, rc
-        cdef double deadline
         cdef Peer peer
         ptype = check_prefix(p, n)
         if ptype < 0:
@@ -327,9 +326,8 @@ cdef class Endpoint:
                 self.drop_counts[-rc - 1] += 1
             elif not self.output_pending:
                 # An ack that opens the window, a loss to repair, an ack or heartbeat due, a
-                # timer expired: out now.
-                deadline = peer.next_deadline()
-                if peer.wants_send(now) or 0.0 <= deadline <= now:
+                # timer expired (see _timer_deadline): out now.
+                if peer.wants_send(now) or 0.0 <= peer.scheduled_deadline <= now:
                     self.output_pending = True
             return
         if ptype == PT_CONNECT_REQUEST:
