@@ -46,6 +46,8 @@ from relay.logs import configure as configure_logs
 from relay.server import GC_THRESHOLD, RelayServer
 from relay_core import Endpoint, MessageReceived
 
+from loadgen import frame_number       # benchmarks/: the players read frames as loadgen's do
+
 ROOM_SIZE = 8
 INPUT_DELAY = 2
 SERVER_ADDRESS = ("127.0.0.1", 7777)
@@ -83,13 +85,6 @@ class Player:
                         for ahead in range(1, INPUT_DELAY):
                             self.send_input(number + ahead)
                     self.send_input(number + INPUT_DELAY)
-
-
-def frame_number(payload: bytes) -> int:
-    try:
-        return protocol.frame_number(payload)
-    except protocol.ProtocolError:
-        return -1
 
 
 class Harness:

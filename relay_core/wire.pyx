@@ -514,6 +514,24 @@ def _tag_bytes(packet):
     return tag
 
 
+def _sealed_control(int ptype, packet, key, counter, str sealed_field, Py_ssize_t size, plaintext):
+    """A sealed DISCONNECT or PATH packet of a test vector: the clear header (prefix, session id,
+    seq), then ``plaintext`` (``size`` bytes) sealed under ``key``, or without a key the vector's
+    ciphertext from ``sealed_field``."""
+    cdef bytearray buf = bytearray(SEALED_CONTROL_HEADER)
+    cdef uint8_t* p = buf
+    write_prefix(p, ptype)
+    write_u32(p + 4, packet["session_id"])
+    write_u16(p + 8, packet["seq"])
+    if key is None:
+        sealed = bytes.fromhex(packet[sealed_field])
+        if len(sealed) != size + TAG_SIZE:
+            raise ValueError(f"{sealed_field} must be {size + TAG_SIZE} bytes")
+    else:
+        sealed = seal(key, ptype, packet["seq"] if counter is None else counter, buf, plaintext)
+    return bytes(buf) + sealed
+
+
 def encode_packet(packet, key=None, counter=None):
     """Inverse of decode_packet: build a datagram from its decoded dict (with ``key`` and
     ``counter``, a sealed DATA or DISCONNECT packet).
@@ -552,37 +570,17 @@ def encode_packet(packet, key=None, counter=None):
     if ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
         if "seq" not in packet:
             return make_path_packet(ptype, packet["session_id"], bytes.fromhex(packet["data"]))
-        buf = bytearray(10)
-        p = buf
-        write_prefix(p, ptype)
-        write_u32(p + 4, packet["session_id"])
-        write_u16(p + 8, packet["seq"])
-        if key is None:
-            sealed = bytes.fromhex(packet["sealed_data"])
-            if len(sealed) != PATH_DATA_SIZE + TAG_SIZE:
-                raise ValueError(f"sealed_data must be {PATH_DATA_SIZE + TAG_SIZE} bytes")
-        else:
+        data = None
+        if key is not None:
             data = bytes.fromhex(packet["data"])
             if len(data) != PATH_DATA_SIZE:
                 raise ValueError(f"path data must be {PATH_DATA_SIZE} bytes")
-            sealed = seal(key, ptype, packet["seq"] if counter is None else counter, buf, data)
-        return bytes(buf) + sealed
+        return _sealed_control(ptype, packet, key, counter, "sealed_data", PATH_DATA_SIZE, data)
     if ptype == PT_DISCONNECT:
         if "seq" not in packet:
             return make_disconnect(packet["session_id"], _reason_code(packet["reason"]))
-        buf = bytearray(10)
-        p = buf
-        write_prefix(p, PT_DISCONNECT)
-        write_u32(p + 4, packet["session_id"])
-        write_u16(p + 8, packet["seq"])
-        if key is None:
-            sealed = bytes.fromhex(packet["sealed_reason"])
-            if len(sealed) != 1 + TAG_SIZE:
-                raise ValueError(f"sealed_reason must be {1 + TAG_SIZE} bytes")
-        else:
-            sealed = seal(key, PT_DISCONNECT, packet["seq"] if counter is None else counter, buf,
-                          bytes([_reason_code(packet["reason"])]))
-        return bytes(buf) + sealed
+        reason = None if key is None else bytes([_reason_code(packet["reason"])])
+        return _sealed_control(PT_DISCONNECT, packet, key, counter, "sealed_reason", 1, reason)
     h.session_id = packet["session_id"]
     h.seq = packet["seq"]
     h.ack = packet["ack"]
