@@ -1,13 +1,15 @@
-"""Compiled hot paths of the relay server: INPUT messages from the core's events to the rooms,
-the FRAME encoder, and the per-player input timing behind the input-delay advice.
+"""Compiled hot paths of the relay server: INPUT messages from the core to the rooms, the
+FRAME encoder, and the per-player input timing behind the input-delay advice.
 
 Every player sends an INPUT every frame, so this is the server's per-player-per-tick receive
-work. ``route_events`` drains the endpoint's events in order; a well-formed INPUT on the STREAM
-channel from a player in a room goes straight to ``Room.on_input_fields`` and its outcome is
-counted in a dict (the server turns the counts into metrics once per tick). Everything else --
-control messages, connects and disconnects, malformed or unusual INPUTs, refusals -- goes to the
-server's ``on_other(event, now)`` exactly as before, so both paths give the same result for the
-same message (tests/test_fastpath.py), and events keep their order.
+work. ``InputRouter`` is the core's message sink for the STREAM channel: a well-formed INPUT
+from a player in a room goes straight to the room's ``accept_input`` as the core delivers it,
+with no event object, and its outcome is counted in a dict (the server turns the counts into
+metrics once per tick). Whatever the core queued as events instead (when other events were
+waiting, so that order holds) goes the same way through ``InputRouter.route``. Everything else --
+control messages, connects and disconnects, malformed or unusual INPUTs -- goes to the server's
+``on_other(event, now)``, so every path gives the same result for the same message
+(tests/test_fastpath.py).
 
 ``decode_input`` reads only the canonical msgpack encoding of an INPUT (what every client
 library writes: ``[5, frame, bin payload, have]`` with the shortest integer forms); any other
@@ -21,6 +23,7 @@ from libc.math cimport ceil
 from libc.string cimport memcpy
 
 from relay_core.events import MessageReceived
+from relay_core.peer cimport MessageSink
 
 cdef enum:
     INPUT_TYPE = 5
@@ -50,80 +53,53 @@ cdef inline Py_ssize_t _read_uint(const uint8_t* p, Py_ssize_t pos, Py_ssize_t n
     return -1
 
 
+cdef Py_ssize_t _parse_input(const uint8_t* p, Py_ssize_t n, int64_t* frame, Py_ssize_t* start,
+                             Py_ssize_t* length, int64_t* have) noexcept:
+    """Fields of an INPUT in canonical msgpack: frame, the payload's offset and length, have.
+    Returns 0, or -1 for anything else (valid or not, that is for relay.protocol)."""
+    cdef Py_ssize_t pos
+    cdef uint8_t tag
+    if n < 5 or p[0] != 0x94 or p[1] != INPUT_TYPE:
+        return -1
+    pos = _read_uint(p, 2, n, frame)
+    if pos < 0 or pos >= n:
+        return -1
+    tag = p[pos]
+    if tag == 0xC4 and pos + 2 <= n:
+        length[0] = p[pos + 1]
+        pos += 2
+    elif tag == 0xC5 and pos + 3 <= n:
+        length[0] = (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
+        pos += 3
+    elif tag == 0xC6 and pos + 5 <= n:
+        length[0] = ((<Py_ssize_t>p[pos + 1] << 24) | (<Py_ssize_t>p[pos + 2] << 16)
+                     | (<Py_ssize_t>p[pos + 3] << 8) | p[pos + 4])
+        pos += 5
+    else:
+        return -1
+    if length[0] > n - pos:
+        return -1
+    start[0] = pos
+    pos += length[0]
+    if pos < n and p[pos] == 0xFF:          # -1: the client holds no frame yet
+        have[0] = -1
+        pos += 1
+    else:
+        pos = _read_uint(p, pos, n, have)
+        if pos < 0:
+            return -1
+    return 0 if pos == n else -1
+
+
 cpdef tuple decode_input(bytes data):
     """(frame, payload, have) of an INPUT message in canonical msgpack, else None (anything
     else, valid or not, is for relay.protocol.decode_client_message)."""
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
-    cdef Py_ssize_t pos, length
+    cdef Py_ssize_t start, length
     cdef int64_t frame = 0, have = 0
-    cdef uint8_t tag
-    if n < 5 or p[0] != 0x94 or p[1] != INPUT_TYPE:
+    if _parse_input(p, PyBytes_GET_SIZE(data), &frame, &start, &length, &have) < 0:
         return None
-    pos = _read_uint(p, 2, n, &frame)
-    if pos < 0 or pos >= n:
-        return None
-    tag = p[pos]
-    if tag == 0xC4 and pos + 2 <= n:
-        length = p[pos + 1]
-        pos += 2
-    elif tag == 0xC5 and pos + 3 <= n:
-        length = (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
-        pos += 3
-    elif tag == 0xC6 and pos + 5 <= n:
-        length = ((<Py_ssize_t>p[pos + 1] << 24) | (<Py_ssize_t>p[pos + 2] << 16)
-                  | (<Py_ssize_t>p[pos + 3] << 8) | p[pos + 4])
-        pos += 5
-    else:
-        return None
-    if length > n - pos:
-        return None
-    payload = PyBytes_FromStringAndSize(<const char*>p + pos, length)
-    pos += length
-    if pos < n and p[pos] == 0xFF:          # -1: the client holds no frame yet
-        have = -1
-        pos += 1
-    else:
-        pos = _read_uint(p, pos, n, &have)
-        if pos < 0:
-            return None
-    if pos != n:
-        return None
-    return frame, payload, have
-
-
-def route_events(endpoint, object on_other, dict peer_room, dict rooms, dict outcomes,
-                 object on_refused, double now):
-    """Drain ``endpoint``'s events: canonical INPUTs on STREAM from peers in a room go to the
-    room (``on_input_fields``), with outcomes counted in ``outcomes`` and refusals passed to
-    ``on_refused(peer_id, reason)``; every other event goes to ``on_other(event, now)``.
-    Returns the number of inputs handled here."""
-    cdef Py_ssize_t handled = 0
-    cdef tuple decoded
-    cdef str outcome
-    next_event = endpoint.next_event
-    while True:
-        event = next_event()
-        if event is None:
-            break
-        if type(event) is MessageReceived and (<int>event.channel) == STREAM_CHANNEL:
-            payload = event.payload
-            decoded = decode_input(payload) if type(payload) is bytes else None
-            if decoded is not None:
-                peer_id = event.peer_id
-                room_id = peer_room.get(peer_id)
-                room = rooms.get(room_id) if room_id is not None else None
-                if room is not None:
-                    outcome = (<RoomCore?>room).accept_input(peer_id, decoded[0], decoded[1],
-                                                             decoded[2], now)
-                    if outcome.startswith("refused:"):
-                        on_refused(peer_id, outcome[8:])
-                    else:
-                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                    handled += 1
-                    continue
-        on_other(event, now)
-    return handled
+    return frame, PyBytes_FromStringAndSize(<const char*>p + start, length), have
 
 
 cdef object _protocol_encode(frame, previous):
@@ -326,6 +302,72 @@ cdef str ACCEPTED = "accepted"
 cdef str LATE = "late"
 
 
+cdef class Slot:
+    """A player's seat in a room: its input index in every frame, kept while the player is
+    away (left or timed out) so that it can reconnect."""
+    cdef public Py_ssize_t index
+    cdef public str player
+    cdef public object peer_id          # None while the player is away
+    cdef public bint ready
+    cdef public object away_since       # when the player went away, or None
+
+    def __init__(self, Py_ssize_t index, str player, peer_id, bint ready=False, away_since=None):
+        self.index = index
+        self.player = player
+        self.peer_id = peer_id
+        self.ready = ready
+        self.away_since = away_since
+
+    def __repr__(self):
+        return (f"Slot(index={self.index}, player={self.player!r}, peer_id={self.peer_id!r}, "
+                f"ready={self.ready}, away_since={self.away_since!r})")
+
+
+cdef class Member:
+    """A connected client in a room: a player (``slot`` is its index) or a spectator.
+
+    Compiled with C fields: the tick's fan-out and every input read and write them for every
+    player, and a Python object's attribute lookups were a visible share of that.
+    """
+    cdef public int peer_id
+    cdef public str player
+    cdef public object slot             # slot index, or None for a spectator
+    cdef public bint spectator
+    cdef public long long have          # highest frame held with every frame before it
+    cdef public long long next_live     # first frame it receives on the STREAM channel
+    cdef public bint catching_up        # a history or catch-up block is in flight
+    cdef public long long blocks_in_flight
+    cdef public long long block_first
+    cdef public long long block_end     # the client holds everything up to here once delivered
+    cdef public long long last_sent     # last frame queued for it on the STREAM channel
+    cdef public object missing_from     # a frame from here on could not be queued: repair, or None
+    cdef public bint reported           # it has reported ``have`` at least once
+    cdef public InputTiming timing      # players only: input response times and advice sent
+
+    def __init__(self, int peer_id, str player, slot, bint spectator, long long have=-1,
+                 long long next_live=0, bint catching_up=False, long long blocks_in_flight=0,
+                 long long block_first=0, long long block_end=-1, long long last_sent=-1,
+                 missing_from=None, bint reported=False, InputTiming timing=None):
+        self.peer_id = peer_id
+        self.player = player
+        self.slot = slot
+        self.spectator = spectator
+        self.have = have
+        self.next_live = next_live
+        self.catching_up = catching_up
+        self.blocks_in_flight = blocks_in_flight
+        self.block_first = block_first
+        self.block_end = block_end
+        self.last_sent = last_sent
+        self.missing_from = missing_from
+        self.reported = reported
+        self.timing = timing
+
+    def __repr__(self):
+        return (f"Member(peer_id={self.peer_id}, player={self.player!r}, slot={self.slot!r}, "
+                f"spectator={self.spectator}, have={self.have}, last_sent={self.last_sent})")
+
+
 cdef class RoomCore:
     """The per-input half of a room, compiled: relay.room.Room subclasses it.
 
@@ -384,6 +426,7 @@ cdef class RoomCore:
         cdef bint make_up = policy != "none"
         cdef bint repeat = policy == "repeat"
         cdef Py_ssize_t index
+        cdef Slot slot
         for slot in self.slots:
             index = slot.index
             value = received.get(index) if received is not None else None
@@ -407,6 +450,7 @@ cdef class RoomCore:
         and every ``advice_every`` frames a player's input delay is reviewed
         (``_advise_input_delay``)."""
         cdef list broadcast = [] if self.broadcast_frames else None
+        cdef Member member
         for member in self.members.values():
             if not member.catching_up and (member.missing_from is not None or (
                     member.reported and number - <long long>member.have > catchup_frames)):
@@ -435,7 +479,7 @@ cdef class RoomCore:
 
     cdef str accept_input(self, int peer_id, long long frame, bytes payload, long long have,
                           double now):
-        cdef object member = self.members.get(peer_id)
+        cdef Member member = self.members.get(peer_id)
         cdef object slot
         cdef dict inputs
         cdef str outcome = ACCEPTED
@@ -444,7 +488,7 @@ cdef class RoomCore:
         slot = member.slot
         if slot is None:
             return "refused:not_a_player"
-        if have > <long long>member.have:
+        if have > member.have:
             member.have = have
         member.reported = True
         if self.state != RUNNING:
@@ -468,11 +512,11 @@ cdef class RoomCore:
         inputs[slot] = payload
         return outcome
 
-    cdef void _time_input(self, object member, long long frame, long long have, double now) except *:
+    cdef void _time_input(self, Member member, long long frame, long long have, double now) except *:
         """How long after frame ``have`` closed this input arrived: the input was sent for frame
         have + d when the client held frame ``have``, so d must exceed this time in frames for it
         to be on time. Inputs sent while catching up say nothing about the link."""
-        cdef object timing = member.timing
+        cdef InputTiming timing = member.timing
         cdef double response = -1.0
         cdef Py_ssize_t index
         if timing is None:
@@ -481,4 +525,76 @@ cdef class RoomCore:
             index = have % CLOSE_TIMES_KEPT
             if self.closed_numbers[index] == have:
                 response = max(0.0, now - self.closed_at[index])
-        (<InputTiming?>timing).record(frame < self.open_frame, response)
+        timing.record(frame < self.open_frame, response)
+
+
+cdef class InputRouter(MessageSink):
+    """Canonical INPUTs on STREAM from players in a room, straight into the room's
+    ``accept_input``: as the core delivers them (installed with ``Endpoint.set_message_sink``:
+    no event object, no queue) and from the event queue (``route``).
+
+    Outcomes are counted in ``outcomes`` (outcome -> count; the server publishes and clears it
+    every tick). A refusal taken during the core's receive waits in ``refusals`` until the next
+    ``route``, which reports it first: it came before anything in the queue.
+    """
+    cdef public dict peer_room          # peer id -> room id
+    cdef public dict rooms              # room id -> relay.room.Room
+    cdef public dict outcomes
+    cdef public list refusals           # (peer id, reason)
+
+    def __init__(self, dict peer_room, dict rooms):
+        self.channel = STREAM_CHANNEL
+        self.peer_room = peer_room
+        self.rooms = rooms
+        self.outcomes = {}
+        self.refusals = []
+
+    cdef int _accept(self, int peer_id, bytes data, double now, object on_refused) except -1:
+        """1 when ``data`` is a canonical INPUT from a player in a room (the room has had it),
+        else 0 (it is for the general path). A refusal goes to ``on_refused``, or waits in
+        ``refusals`` when that is None."""
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t start, length
+        cdef int64_t frame = 0, have = 0
+        cdef str outcome
+        if _parse_input(p, PyBytes_GET_SIZE(data), &frame, &start, &length, &have) < 0:
+            return 0
+        room_id = self.peer_room.get(peer_id)
+        room = self.rooms.get(room_id) if room_id is not None else None
+        if room is None:
+            return 0
+        outcome = (<RoomCore?>room).accept_input(
+            peer_id, frame, PyBytes_FromStringAndSize(<const char*>p + start, length), have, now)
+        if outcome.startswith("refused:"):
+            if on_refused is None:
+                self.refusals.append((peer_id, outcome[8:]))
+            else:
+                on_refused(peer_id, outcome[8:])
+        else:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        return 1
+
+    cpdef bint take(self, int peer_id, bytes payload, double now) except -1:
+        return self._accept(peer_id, payload, now, None) == 1
+
+    def route(self, endpoint, object on_other, object on_refused, double now):
+        """Report the refusals taken since the last call to ``on_refused(peer_id, reason)``,
+        then drain ``endpoint``'s events in order: INPUTs as ``take`` handles them, everything
+        else to ``on_other(event, now)``. Returns the number of inputs handled from the queue."""
+        cdef Py_ssize_t handled = 0
+        if self.refusals:
+            refusals, self.refusals = self.refusals, []
+            for peer_id, reason in refusals:
+                on_refused(peer_id, reason)
+        next_event = endpoint.next_event
+        while True:
+            event = next_event()
+            if event is None:
+                break
+            if (type(event) is MessageReceived and (<int>event.channel) == STREAM_CHANNEL
+                    and type(event.payload) is bytes
+                    and self._accept(event.peer_id, event.payload, now, on_refused)):
+                handled += 1
+                continue
+            on_other(event, now)
+        return handled

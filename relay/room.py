@@ -25,7 +25,7 @@ from typing import Optional
 
 from relay import protocol
 from relay.config import RoomSettings
-from relay._fastpath import InputTiming, RoomCore
+from relay._fastpath import InputTiming, Member, RoomCore, Slot
 from relay.history import FrameHistory
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
 
@@ -69,42 +69,8 @@ class RoomEvent:
     detail: dict = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class Slot:
-    index: int
-    player: str
-    peer_id: Optional[int]
-    """None while the player is away (left or timed out) and may reconnect."""
-    ready: bool = False
-    away_since: Optional[float] = None
-
-
-@dataclass(slots=True)
-class Member:
-    """A connected client in this room: a player (slot) or a spectator."""
-
-    peer_id: int
-    player: str
-    slot: Optional[int]
-    spectator: bool
-    have: int = -1
-    """Highest frame the client holds with every frame before it (reported with its inputs)."""
-    next_live: int = 0
-    """First frame this member receives on the STREAM channel."""
-    catching_up: bool = False
-    """A history or catch-up block is in flight; live frames still go out behind it."""
-    blocks_in_flight: int = 0
-    block_first: int = 0
-    block_end: int = -1
-    """Frames of the block in flight: the client holds everything up to block_end once delivered."""
-    last_sent: int = -1
-    """Last frame queued for this member on the STREAM channel."""
-    missing_from: Optional[int] = None
-    """A frame from here on could not be queued (or a block failed): repair with a block."""
-    reported: bool = False
-    """The client has reported progress (``have``) at least once; only then can it lag."""
-    timing: Optional[InputTiming] = None
-    """Players only: input response times and the advice sent."""
+# Slot (a player's seat) and Member (a connected client) are compiled, in relay._fastpath:
+# every tick and every input reads their fields.
 
 
 class Room(RoomCore):

@@ -136,9 +136,9 @@ class RelayServer:
         self.rooms: dict[str, Room] = {}
         self.peer_room: dict[int, str] = {}
         self.peer_claims: dict[int, TokenClaims] = {}
+        """Token mode: who each connection's token says it is (room, player)."""
         self._roomless: dict[int, float] = {}
         """Connections in no room -> when they were first seen so (see _close_roomless)."""
-        """Token mode: who each connection's token says it is (room, player)."""
         self.replays: dict[str, ReplayWriter] = {}
         self.notified: dict[int, set[str]] = {}
         self.draining = False
@@ -159,6 +159,11 @@ class RelayServer:
         self._seen_refusals: dict[str, int] = {}
         # Per-input and per-datagram counts go to Prometheus once per tick, not one .inc() each.
         self._input_outcomes: dict[str, int] = {}
+        # Inputs from the core straight into their rooms (the STREAM channel's message sink).
+        self.inputs = _fastpath.InputRouter(self.peer_room, self.rooms) if _fastpath else None
+        if self.inputs is not None:
+            self.inputs.outcomes = self._input_outcomes
+            self.endpoint.set_message_sink(self.inputs)
         self._traffic_seen = (0, 0, 0, 0)
         self._rtt_cursor = 0
         self.stopped = asyncio.Event()
@@ -251,9 +256,11 @@ class RelayServer:
     def _publish_counts(self) -> None:
         """Counts kept as plain integers on the hot paths, into their metrics (every tick)."""
         metrics = self.metrics
-        outcomes, self._input_outcomes = self._input_outcomes, {}
-        for outcome, count in outcomes.items():
-            metrics.inputs.labels(outcome=outcome).inc(count)
+        outcomes = self._input_outcomes         # shared with the InputRouter: cleared, not replaced
+        if outcomes:
+            for outcome, count in outcomes.items():
+                metrics.inputs.labels(outcome=outcome).inc(count)
+            outcomes.clear()
         driver = self.driver
         if driver is not None:
             totals = (driver.datagrams_received, driver.bytes_received,
@@ -273,10 +280,9 @@ class RelayServer:
     # -- core events ------------------------------------------------------------------------
 
     def _process_events(self, now: float) -> None:
-        if _fastpath is not None:
+        if self.inputs is not None:
             # INPUTs straight to their rooms in compiled code; every other event below.
-            _fastpath.route_events(self.endpoint, self._on_event, self.peer_room, self.rooms,
-                                   self._input_outcomes, self._refuse_input, now)
+            self.inputs.route(self.endpoint, self._on_event, self._refuse_input, now)
             return
         endpoint = self.endpoint
         while (event := endpoint.next_event()) is not None:

@@ -35,7 +35,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from relay_core.channel cimport SendChannel
 from relay_core.fragment cimport MemoryBudget
 from relay_core.peer cimport (
-    Peer, STATE_CONNECTING, STATE_CHALLENGED, STATE_CONNECTED, STATE_DISCONNECTING, STATE_CLOSED,
+    MessageSink, Peer, STATE_CONNECTING, STATE_CHALLENGED, STATE_CONNECTED, STATE_DISCONNECTING, STATE_CLOSED,
 )
 from relay_core.wire cimport (
     check_prefix, read_u16, read_u32, make_challenge, make_connect_response, make_accept, make_refuse,
@@ -89,6 +89,7 @@ cdef class Endpoint:
     cdef Py_ssize_t due_capacity
     cdef list control_out              # handshake replies waiting for datagrams_to_send
     cdef object events
+    cdef MessageSink message_sink      # None, or every peer's sink (set_message_sink)
     cdef uint64_t drop_counts[DROP_REASON_COUNT]
     cdef dict refusal_counts
     cdef int next_peer_id
@@ -192,6 +193,7 @@ cdef class Endpoint:
             raise TypeError(f"token must be a relay_core.token.ConnectToken, got {type(token).__name__}")
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, self._random_u32(),
                     self.block_budget, TAG_SIZE if token is not None else 0, token)
+        peer.sink = self.message_sink
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         self.dirty.add(peer.peer_id)
@@ -481,6 +483,19 @@ cdef class Endpoint:
             self.due_heap = smaller
             self.due_capacity = capacity
 
+    def set_message_sink(self, sink):
+        """Hand one channel's messages to ``sink`` (a relay_core.MessageSink) as they are
+        delivered, instead of queueing them as MessageReceived events, whenever the event queue
+        is empty; what the sink declines is queued as usual. ``None`` removes it."""
+        if sink is not None:
+            if not isinstance(sink, MessageSink):
+                raise TypeError(f"sink must be a relay_core.MessageSink, got {type(sink).__name__}")
+            if not 0 <= (<MessageSink>sink).channel < len(self.config.channels):
+                raise ValueError(f"sink channel {(<MessageSink>sink).channel} is not configured")
+        self.message_sink = sink
+        for peer in self.peers.values():
+            (<Peer>peer).sink = sink
+
     def next_event(self):
         """The oldest undelivered event, or None."""
         return self.events.popleft() if self.events else None
@@ -707,6 +722,7 @@ cdef class Endpoint:
         encrypted = claims is not None and self.encrypt_packets
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id,
                     self.block_budget, TAG_SIZE if encrypted else 0, None)
+        peer.sink = self.message_sink
         session_id = self._random_u32()
         while session_id in self.sessions:          # the session id alone finds a migrating peer
             session_id = self._random_u32()

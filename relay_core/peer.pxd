@@ -23,6 +23,11 @@ cdef struct SentPacket:
     uint8_t acked
 
 
+cdef class MessageSink:
+    cdef public int channel
+    cpdef bint take(self, int peer_id, bytes payload, double now) except -1
+
+
 cdef class Peer:
     cdef readonly int peer_id
     cdef public unsigned long long schedule_generation   # which entry of the endpoint's heap is current
@@ -32,6 +37,7 @@ cdef class Peer:
     cdef readonly uint32_t session_id
     cdef readonly uint32_t connect_id
     cdef object events
+    cdef public MessageSink sink            # takes this channel's messages before they become events
 
     # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
     cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
@@ -148,6 +154,7 @@ cdef class Peer:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""
         cdef SentPacket* packet = &self.sent[seq & (self.sent_size - 1)]
         return packet if packet.tag == seq else NULL
+    cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now)
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
     cdef void refill(self, double now)

@@ -1,6 +1,7 @@
 """The server's compiled paths give exactly what the Python paths give.
 
-relay._fastpath decodes INPUTs and hands them to rooms (route_events); Endpoint.send_many
+relay._fastpath decodes INPUTs and hands them to rooms (InputRouter, as the core's message sink
+and over the event queue); Endpoint.send_many
 queues one frame to many peers; Room.broadcast_frames asks for that with one Action. Each is
 checked against the general path it stands in for: the same inputs buffered, the same frames
 delivered, the same counters, and malformed input still dropped and counted.
@@ -136,7 +137,10 @@ def traffic(players: int = 3):
     return events
 
 
-def run_server(monkeypatch, compiled: bool):
+def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
+    """A server whose room r has had traffic(): through the general Python path, through
+    InputRouter.route over the event queue (compiled), or (through_sink) as the core hands
+    messages over: INPUTs to InputRouter.take while nothing is queued, the rest queued."""
     monkeypatch.setattr(server_module, "_fastpath", fastpath if compiled else None)
     config = RelayConfig()
     config.rooms = dataclasses.replace(config.rooms, capacity=4, start_players=3)
@@ -151,14 +155,27 @@ def run_server(monkeypatch, compiled: bool):
         room.tick(0.0)
     room.take_actions()
     room.take_events()
-    server.endpoint = QueueEndpoint(traffic())
+    queued = []
+    server.taken = 0
+    for event in traffic():
+        if (through_sink and not queued and isinstance(event, MessageReceived)
+                and event.channel == server.inputs.channel
+                and server.inputs.take(event.peer_id, event.payload, 0.05)):
+            server.taken += 1
+            continue
+        queued.append(event)
+    server.endpoint = QueueEndpoint(queued)
     server._process_events(0.05)
     return server, room
 
 
-def test_inputs_reach_the_room_and_the_metrics_as_through_the_general_path(monkeypatch):
-    fast_server, fast_room = run_server(monkeypatch, compiled=True)
+@pytest.mark.parametrize("through_sink", [False, True], ids=["route", "sink"])
+def test_inputs_reach_the_room_and_the_metrics_as_through_the_general_path(monkeypatch, through_sink):
+    fast_server, fast_room = run_server(monkeypatch, compiled=True, through_sink=through_sink)
     slow_server, slow_room = run_server(monkeypatch, compiled=False)
+    if through_sink:        # 18 on time, a duplicate, 3 refusals; then a non-canonical one queues
+        assert fast_server.taken == 22
+        assert not fast_server.inputs.refusals          # reported by the next route()
     assert fast_room.pending_inputs == slow_room.pending_inputs
     assert fast_room.pending_inputs[3] == {0: b"1:3", 1: b"2:3", 2: b"3:3"}
     assert fast_room.pending_inputs[9] == {0: b"on time", 1: b"hi"}   # "hi" took the slow path
