@@ -103,13 +103,20 @@ def pin(cpu: Optional[int]):
     return _pin
 
 
-def proc_cpu(pid: int) -> float:
-    """utime + stime of a process (all its threads), seconds."""
+def proc_cpu_split(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (all its threads), seconds. stime holds the kernel's work
+    for it, the softirq work done in its context included (on loopback: delivering what it
+    sends into the receiving sockets)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return 0.0, 0.0
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of a process (all its threads), seconds."""
+    return sum(proc_cpu_split(pid))
 
 
 def proc_rss(pid: int) -> int:
@@ -497,13 +504,16 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
     before_stats = target.stats()
     snmp_before = udp_snmp()
     cores_before = cpu_times()
-    cpu_server_before, cpu_loader_before = proc_cpu(target.pid), proc_cpu(loader.pid)
+    (user_before, system_before), cpu_loader_before = proc_cpu_split(target.pid), proc_cpu(loader.pid)
     started = time.monotonic()
     loader.ask({"cmd": "window_start"}, timeout=30)
     time.sleep(seconds)
     window = loader.ask({"cmd": "window_end"}, timeout=30)
     wall = time.monotonic() - started
-    cpu_server, cpu_loader = proc_cpu(target.pid) - cpu_server_before, proc_cpu(loader.pid) - cpu_loader_before
+    user_after, system_after = proc_cpu_split(target.pid)
+    cpu_loader = proc_cpu(loader.pid) - cpu_loader_before
+    cpu_user, cpu_system = user_after - user_before, system_after - system_before
+    cpu_server = cpu_user + cpu_system
     cores_after = cpu_times()
     after_stats = target.stats()
     snmp_after = udp_snmp()
@@ -552,6 +562,8 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
         "short_players": window["short_players"], "worst_shortfall": window["worst_shortfall"],
         "server_cpu_share": round(server_share, 4),
         "server_process_cpu_share": round(cpu_server / wall, 4),
+        "server_user_share": round(cpu_user / wall, 4),
+        "server_system_share": round(cpu_system / wall, 4),
         "server_core_busy": round(server_core["busy"], 4),
         "server_core_softirq": round(server_core["softirq"], 4),
         "other_load_on_server_core": round(max(0.0, server_core["busy"] - server_share), 4),
@@ -568,6 +580,9 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
         "kernel_rcvbuf_errors": rcvbuf,
         "rss_bytes": rss, "rss_per_player": round((rss - idle_rss) / players) if players else 0,
         "ccu_per_core": round(players / server_share) if server_share > 0 else 0,
+        # What the kernel's share alone allows: the CCU per core if the server's own (user)
+        # time were zero. A target above it cannot be met by any change to our code.
+        "kernel_bound_ccu_per_core": round(players * wall / cpu_system) if cpu_system > 0 else 0,
         "profile_file": str(profile_path) if spy is not None else None,
     }
 
@@ -763,7 +778,20 @@ def _best_summary(result: Optional[RampResult]) -> Optional[dict]:
         "rss_per_player": b["rss_per_player"], "p99_lateness_ms": b["p99_lateness_ms"],
         "rss_per_player_marginal": b.get("rss_per_player_marginal"),
         "rss_bytes": b["rss_bytes"], "idle_rss": result.idle_rss,
+        "server_user_share": b.get("server_user_share"),
+        "server_system_share": b.get("server_system_share"),
+        "kernel_bound_ccu_per_core": b.get("kernel_bound_ccu_per_core"),
     }
+
+
+def per_player_tick_us(share: float, players: int) -> float:
+    """A CPU share at ``players`` as microseconds per player per tick."""
+    return share / (players * TICK_RATE) * 1e6 if players else 0.0
+
+
+def kernel_note(summary: Optional[dict]) -> str:
+    bound = summary.get("kernel_bound_ccu_per_core") if summary else None
+    return f"; the kernel's time alone caps it at {bound}" if bound else ""
 
 
 def evaluate_targets(relay: Optional[dict], echo: Optional[dict], enet: Optional[dict]) -> list[dict]:
@@ -779,14 +807,14 @@ def evaluate_targets(relay: Optional[dict], echo: Optional[dict], enet: Optional
         need = ECHO_TARGET * echo["ceiling_ccu_per_core"]
         add("CCU per core >= 60 % of the C echo ceiling", ccu, round(need), ccu >= need,
             f"{ccu} vs {round(need)} ({ccu / echo['ceiling_ccu_per_core']:.1%} of the ceiling "
-            f"{echo['ceiling_ccu_per_core']}; margin {ccu - need:+.0f} CCU/core)")
+            f"{echo['ceiling_ccu_per_core']}; margin {ccu - need:+.0f} CCU/core)" + kernel_note(relay))
     else:
         add("CCU per core >= 60 % of the C echo ceiling", ccu, None, None, "not measured")
     if ccu is not None and enet and enet.get("ccu_per_core"):
         need = ENET_TARGET * enet["ccu_per_core"]
         add("CCU per core >= 3x the ENet relay's", ccu, round(need), ccu >= need,
             f"{ccu} vs {round(need)} ({ccu / enet['ccu_per_core']:.2f}x ENet's "
-            f"{enet['ccu_per_core']}; margin {ccu - need:+.0f} CCU/core)")
+            f"{enet['ccu_per_core']}; margin {ccu - need:+.0f} CCU/core)" + kernel_note(relay))
     else:
         add("CCU per core >= 3x the ENet relay's", ccu, None, None, "not measured")
     if relay is not None:
@@ -848,6 +876,13 @@ def format_report(report: dict) -> str:
                          + (f", {best['rss_per_player_marginal'] / 1024:.1f} KiB marginal "
                             f"(growth from the first passing step)"
                             if best.get("rss_per_player_marginal") is not None else ""))
+            if best.get("server_system_share") is not None:
+                user, system = best["server_user_share"], best["server_system_share"]
+                lines.append(f"    server CPU: user {user:.1%} + system {system:.1%} = "
+                             f"{per_player_tick_us(user, best['ccu']):.1f} + "
+                             f"{per_player_tick_us(system, best['ccu']):.1f} us per player-tick; "
+                             f"the kernel's share alone caps CCU per core at "
+                             f"{best['kernel_bound_ccu_per_core'] or 'n/a (no system time counted)'}")
         else:
             lines.append("  highest passing: none (the first step failed)")
     echo = report.get("echo")

@@ -187,10 +187,17 @@ def test_quick_report_and_json_structure(tmp_path):
     assert relay["steps"] and relay["error"] is None
     step_keys = {"players", "passed", "reasons", "p99_lateness_ms", "lost_frames", "server_cpu_share",
                  "loader_cpu_share", "datagrams_in_per_s", "datagrams_out_per_s", "bytes_in_per_s",
-                 "bytes_out_per_s", "rss_per_player", "ccu_per_core"}
+                 "bytes_out_per_s", "rss_per_player", "ccu_per_core", "server_user_share",
+                 "server_system_share", "kernel_bound_ccu_per_core"}
     for step in relay["steps"]:
         assert step_keys <= set(step)
         assert step["players"] % 8 == 0
+        # The server's CPU splits into its own time and the kernel's; the kernel's alone
+        # allows at least the CCU per core measured.
+        assert abs(step["server_user_share"] + step["server_system_share"]
+                   - step["server_cpu_share"]) < 0.001
+        if step["server_system_share"] > 0:
+            assert step["kernel_bound_ccu_per_core"] >= step["ccu_per_core"]
         assert step["lost_frames"] == 0           # frames are never lost at 8-16 players
     echo = report["echo"]
     assert "error" not in echo and echo["echoes_per_s"] > 0 and echo["lost"] == 0
@@ -201,6 +208,7 @@ def test_quick_report_and_json_structure(tmp_path):
     if HAVE_ENET:
         assert report["ramps"]["enet"]["steps"]
     text = proc.stdout
-    for heading in ("relay:", "echo (C, recvmmsg/sendmmsg", "targets:", "highest passing"):
+    for heading in ("relay:", "echo (C, recvmmsg/sendmmsg", "targets:", "highest passing",
+                    "the kernel's share alone caps CCU per core"):
         assert heading in text
     assert any(word in text for word in ("PASS", "FAIL"))
