@@ -68,6 +68,7 @@ cdef class SendChannel:
     cdef readonly int channel_id
     cdef readonly int mode
     cdef object pending                 # payloads not yet admitted to the window
+    cdef Py_ssize_t pending_count       # len(pending), read without touching the deque
     cdef int max_pending
     cdef uint16_t next_id
     cdef readonly uint64_t messages_sent

@@ -95,21 +95,23 @@ cdef class SendChannel:
         # Created on first use: most channels of most peers never queue behind their window, and
         # an empty deque costs ~600 bytes per channel per peer.
         self.pending = None
+        self.pending_count = 0
         self.next_id = 0
 
     cdef bint queue(self, bytes payload):
         if self.pending is None:
             self.pending = deque()
-        elif len(self.pending) >= self.max_pending:
+        elif self.pending_count >= self.max_pending:
             return False
         self.pending.append(payload)
+        self.pending_count += 1
         return True
 
     cdef Py_ssize_t queued(self):
-        return len(self.pending) if self.pending else 0
+        return self.pending_count
 
     cdef bint has_unsent(self):
-        return bool(self.pending)
+        return self.pending_count > 0
 
     cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
                           double now, double rto, uint32_t stamp):
@@ -140,12 +142,13 @@ cdef class UnreliableSendChannel(SendChannel):
                           double now, double rto, uint32_t stamp):
         cdef bytes payload
         cdef Py_ssize_t n
-        while self.pending:
+        while self.pending_count > 0:
             payload = self.pending[0]
             n = len(payload)
             if pos + message_record_size(n) > end:
                 break
             self.pending.popleft()
+            self.pending_count -= 1
             pos += write_message_record(buf + pos, self.channel_id, self.next_id, payload, n)
             self.next_id += 1
             self.messages_sent += 1
@@ -206,12 +209,12 @@ cdef class ReliableSendChannel(SendChannel):
         self.fragment_acks = fragment_acks
 
     cdef Py_ssize_t queued(self):
-        return (len(self.pending) if self.pending else 0) + <uint16_t>(self.next_id - self.oldest)
+        return self.pending_count + <uint16_t>(self.next_id - self.oldest)
 
     cdef bint has_unsent(self):
         if self.unsent > 0:
             return True
-        if self.pending:
+        if self.pending_count > 0:
             self.admit()
             return self.unsent > 0
         return False
@@ -225,7 +228,7 @@ cdef class ReliableSendChannel(SendChannel):
         cdef bytes payload
         cdef int slot, count
         cdef OutMessage* m
-        while self.pending and <uint16_t>(self.next_id - self.oldest) < self.window:
+        while self.pending_count > 0 and <uint16_t>(self.next_id - self.oldest) < self.window:
             payload = self.pending[0]
             if len(payload) > self.whole_limit:
                 count = (len(payload) + self.fragment_size - 1) // self.fragment_size
@@ -235,6 +238,7 @@ cdef class ReliableSendChannel(SendChannel):
             else:
                 count = 1
             self.pending.popleft()
+            self.pending_count -= 1
             if <uint16_t>(self.next_id - self.oldest) >= self.slots.size:
                 self.resize(self.slots.size * 2)
             slot = self.slots.insert(self.next_id)
@@ -273,7 +277,7 @@ cdef class ReliableSendChannel(SendChannel):
         cdef list fragments
         cdef bytearray acks
         cdef Py_ssize_t n
-        if self.pending:
+        if self.pending_count > 0:
             self.admit()
         while self.unsent > 0 and msg_id != self.next_id:
             slot = self.slots.slot(msg_id)

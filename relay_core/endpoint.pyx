@@ -80,7 +80,7 @@ cdef class Endpoint:
     # Peers are visited only when something may be due: the ones touched since their last flush
     # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
     # idle peers then pays nothing per call for them.
-    cdef set dirty
+    cdef list dirty                     # Peers, each once (its dirty flag says it is here)
     # A binary min-heap of (deadline, peer_id, generation) in C: pushed on every visit, so a
     # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
     # whose generation is no longer the peer's are superseded and dropped when they surface.
@@ -134,7 +134,7 @@ cdef class Endpoint:
         self.peers = {}
         self.sessions = {}
         self.closing = []
-        self.dirty = set()
+        self.dirty = []
         self.control_out = []
         self.events = deque()
         self.refusal_counts = {}
@@ -196,7 +196,7 @@ cdef class Endpoint:
         peer.sink = self.message_sink
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
-        self.dirty.add(peer.peer_id)
+        self._touch(peer)
         self.output_pending = True
         return peer.peer_id
 
@@ -218,7 +218,7 @@ cdef class Endpoint:
                              f"({limit} bytes)")
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
-        self.dirty.add(peer_id)
+        self._touch(peer)
         self.output_pending = True
         return peer.queue_message(channel, payload)
 
@@ -246,7 +246,7 @@ cdef class Endpoint:
             if unreliable and size > largest - peer.reserve:
                 raise ValueError(f"message of {size} bytes on channel {channel} {advice} "
                                  f"({largest - peer.reserve} bytes)")
-            self.dirty.add(peer_id)
+            self._touch(peer)
             self.output_pending = True
             sender = peer.send_channels[channel]
             if not sender.queue(payload) and peer.state == STATE_CONNECTED:
@@ -261,7 +261,7 @@ cdef class Endpoint:
             raise ValueError(f"block of {len(data)} bytes exceeds max_block_size ({self.config.max_block_size})")
         if peer is None or peer.state >= STATE_DISCONNECTING:
             return False
-        self.dirty.add(peer_id)
+        self._touch(peer)
         self.output_pending = True
         return peer.block_out.enqueue(data)
 
@@ -323,7 +323,7 @@ cdef class Endpoint:
                     self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
             rc = peer.on_data(p, n, datagram, now)
-            self.dirty.add(peer.peer_id)
+            self._touch(peer)
             if rc < 0:
                 self.drop_counts[-rc - 1] += 1
             elif not self.output_pending:
@@ -343,7 +343,7 @@ cdef class Endpoint:
             self._on_server_reply(ptype, p, n, datagram, address, now)
         peer = self.peers_by_address.get(address)
         if peer is not None:
-            self.dirty.add(peer.peer_id)
+            self._touch(peer)
         self.output_pending = True          # handshakes and path checks: rare, answered at once
 
     @property
@@ -368,7 +368,16 @@ cdef class Endpoint:
         for peer in self.closing:
             peer.flush(now, self.scratch, out)
         self.closing.clear()
-        for peer in self._due_peers(now):
+        cdef list due = self._due_peers(now)
+        cdef Py_ssize_t i, n = len(due)
+        for i in range(n):
+            if i + 3 < n:
+                (<Peer>due[i + 3]).prefetch_fields()
+            if i + 2 < n:
+                (<Peer>due[i + 2]).prefetch_parts()
+            if i + 1 < n:
+                (<Peer>due[i + 1]).prefetch_slots()
+            peer = due[i]
             if 0.0 <= self._timer_deadline(peer) <= now and self._run_timers(peer, now):
                 peer.flush(now, self.scratch, out)      # the DISCONNECT it just queued
                 continue
@@ -382,7 +391,7 @@ cdef class Endpoint:
         for peer in self._due_peers(now):
             if 0.0 <= self._timer_deadline(peer) <= now and self._run_timers(peer, now):
                 continue
-            self.dirty.add(peer.peer_id)        # the next datagrams_to_send flushes it
+            self._touch(peer)        # the next datagrams_to_send flushes it
             self.output_pending = True
 
     def next_timeout(self):
@@ -397,18 +406,30 @@ cdef class Endpoint:
             self._due_pop()                     # superseded, or the peer is gone
         return None
 
+    cdef inline void _touch(self, Peer peer):
+        """The peer may have something to send: the next flush visits it."""
+        if not peer.dirty:
+            peer.dirty = True
+            self.dirty.append(peer)
+
     cdef list _due_peers(self, double now):
-        """Peers touched since their last flush, and peers whose scheduled deadline has come."""
-        cdef set ids = self.dirty
+        """Peers touched since their last flush, and peers whose scheduled deadline has come,
+        each once, in that order. A list of Peers with a flag each, not a set of ids: no
+        hashing and no lookup per player per tick."""
+        cdef list peers = self.dirty
         cdef DueEntry entry
         cdef Peer peer
-        self.dirty = set()
+        self.dirty = []
         while self.due_count and self.due_heap[0].deadline <= now:
             entry = self._due_pop()
             peer = self.peers.get(entry.peer_id)
-            if peer is not None and peer.schedule_generation == entry.generation:
-                ids.add(entry.peer_id)
-        return [self.peers[peer_id] for peer_id in ids if peer_id in self.peers]
+            if peer is not None and peer.schedule_generation == entry.generation and not peer.dirty:
+                peer.dirty = True
+                peers.append(peer)
+        for peer in peers:
+            peer.dirty = False
+        # Closed peers (removed from self.peers, flushed through self.closing) drop out.
+        return [peer for peer in peers if peer.state < STATE_DISCONNECTING]
 
     cdef inline double _timer_deadline(self, Peer peer):
         """When the peer's timers (timeout, RTO expiries, mode changes) may next be due. For a
@@ -841,7 +862,7 @@ cdef class Endpoint:
         cdef bint had_counter = peer.has_recv_counter
         cdef uint64_t counter_before = peer.recv_counter
         cdef int rc = peer.on_data(p, n, datagram, now)
-        self.dirty.add(peer.peer_id)
+        self._touch(peer)
         if rc < 0:
             self.drop_counts[-rc - 1] += 1
             if rc == -(DROP_AUTH_FAILED + 1) or rc == -(DROP_DUPLICATE_PACKET + 1) or rc == -(DROP_STALE_PACKET + 1):
@@ -902,7 +923,7 @@ cdef class Endpoint:
         if ptype == PT_PATH_CHALLENGE:
             # Answer from wherever we are now; the server learns our address from it.
             self.control_out.append((peer.path_packet(PT_PATH_RESPONSE, data), peer.address))
-            self.dirty.add(peer.peer_id)
+            self._touch(peer)
             return
         if (peer.path_address is None or address != peer.path_address
                 or not hmac.compare_digest(data, peer.path_data)):
@@ -919,7 +940,7 @@ cdef class Endpoint:
         peer.path_data = None
         self.path_counts["migrations"] += 1
         self.events.append(PeerMigrated(peer.peer_id, old, address))
-        self.dirty.add(peer.peer_id)
+        self._touch(peer)
 
     # -- internals -------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ cdef class Peer:
     cdef readonly uint32_t connect_id
     cdef object events
     cdef public MessageSink sink            # takes this channel's messages before they become events
+    cdef bint dirty                         # in the endpoint's list of peers to flush
 
     # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
     cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
@@ -154,6 +155,9 @@ cdef class Peer:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""
         cdef SentPacket* packet = &self.sent[seq & (self.sent_size - 1)]
         return packet if packet.tag == seq else NULL
+    cdef void prefetch_fields(self) noexcept
+    cdef void prefetch_parts(self) noexcept
+    cdef void prefetch_slots(self) noexcept
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now)
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
