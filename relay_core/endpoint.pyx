@@ -368,16 +368,7 @@ cdef class Endpoint:
         for peer in self.closing:
             peer.flush(now, self.scratch, out)
         self.closing.clear()
-        cdef list due = self._due_peers(now)
-        cdef Py_ssize_t i, n = len(due)
-        for i in range(n):
-            if i + 3 < n:
-                (<Peer>due[i + 3]).prefetch_fields()
-            if i + 2 < n:
-                (<Peer>due[i + 2]).prefetch_parts()
-            if i + 1 < n:
-                (<Peer>due[i + 1]).prefetch_slots()
-            peer = due[i]
+        for peer in self._due_peers(now):
             if 0.0 <= self._timer_deadline(peer) <= now and self._run_timers(peer, now):
                 peer.flush(now, self.scratch, out)      # the DISCONNECT it just queued
                 continue

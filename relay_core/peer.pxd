@@ -155,9 +155,6 @@ cdef class Peer:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""
         cdef SentPacket* packet = &self.sent[seq & (self.sent_size - 1)]
         return packet if packet.tag == seq else NULL
-    cdef void prefetch_fields(self) noexcept
-    cdef void prefetch_parts(self) noexcept
-    cdef void prefetch_slots(self) noexcept
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now)
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)

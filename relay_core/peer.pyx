@@ -6,7 +6,6 @@ what goes into each datagram and what an incoming one means.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 from libc.string cimport memset
 
 cdef extern from *:
@@ -50,25 +49,6 @@ cdef int ACK_WINDOW = 32
 cdef uint32_t NO_PACKET = 0xFFFFFFFF     # the tag of an empty SentPacket slot (seqs are 16-bit)
 # Units the ring starts with: a few packets' worth while acks come back.
 cdef int INITIAL_SENT_UNITS = 32
-
-
-cdef extern from *:
-    """
-    #define relay_prefetch(p) __builtin_prefetch((const void*)(p), 1, 3)
-    """
-    void relay_prefetch(const void* p) noexcept nogil
-
-
-cdef inline void prefetch_span(const void* p, Py_ssize_t size) noexcept nogil:
-    cdef const char* c = <const char*>p
-    cdef Py_ssize_t offset = 0
-    while offset < size:
-        relay_prefetch(c + offset)
-        offset += 64
-
-
-cdef inline void prefetch_object(object o) noexcept:
-    prefetch_span(<PyObject*>o, (<PyTypeObject*>Py_TYPE(o)).tp_basicsize)
 
 
 cdef class MessageSink:
@@ -335,34 +315,6 @@ cdef class Peer:
             if has_records and self.ack_due < 0.0:
                 self.ack_due = now + self.ack_delay
         return status
-
-    # Software pipelining for a pass over many peers (a flush, a receive batch). A peer's
-    # state is a dozen allocations, cold in the caches by the next pass at a thousand players,
-    # and each would be waited for in turn: the pass prefetches the peer three ahead (its own
-    # fields), the objects of the one two ahead, and the array slots of the next.
-
-    cdef void prefetch_fields(self) noexcept:
-        prefetch_object(self)
-
-    cdef void prefetch_parts(self) noexcept:
-        prefetch_object(self.rtt)
-        prefetch_object(self.units)
-        prefetch_object(self.received_packets)
-        prefetch_object(self.send_channels)
-        prefetch_object(self.recv_channels)
-        prefetch_object(self.block_in)
-        prefetch_object(self.block_out)
-        relay_prefetch(<PyObject*>self.address)
-        relay_prefetch(&self.sent[self.next_seq & (self.sent_size - 1)])
-
-    cdef void prefetch_slots(self) noexcept:
-        cdef object channel
-        for channel in self.send_channels:
-            prefetch_object(channel)
-        for channel in self.recv_channels:
-            prefetch_object(channel)
-        relay_prefetch(&self.units.ring[self.units.head & (self.units.capacity - 1)])
-        relay_prefetch(&self.received_packets.tags[self.latest_received % self.received_packets.size])
 
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now):
         try:
