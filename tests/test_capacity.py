@@ -188,7 +188,8 @@ def test_quick_report_and_json_structure(tmp_path):
     step_keys = {"players", "passed", "reasons", "p99_lateness_ms", "lost_frames", "server_cpu_share",
                  "loader_cpu_share", "datagrams_in_per_s", "datagrams_out_per_s", "bytes_in_per_s",
                  "bytes_out_per_s", "rss_per_player", "ccu_per_core", "server_user_share",
-                 "server_system_share", "kernel_bound_ccu_per_core"}
+                 "server_system_share", "kernel_bound_ccu_per_core", "loader_inputs_share",
+                 "loader_bound"}
     for step in relay["steps"]:
         assert step_keys <= set(step)
         assert step["players"] % 8 == 0
@@ -199,6 +200,8 @@ def test_quick_report_and_json_structure(tmp_path):
         if step["server_system_share"] > 0:
             assert step["kernel_bound_ccu_per_core"] >= step["ccu_per_core"]
         assert step["lost_frames"] == 0           # frames are never lost at 8-16 players
+        # 8-16 players are nothing for the load generator: it sends every input it owes.
+        assert not step["loader_bound"] and step["loader_inputs_share"] > 0.9
     echo = report["echo"]
     assert "error" not in echo and echo["echoes_per_s"] > 0 and echo["lost"] == 0
     assert echo["ceiling_ccu_per_core"] > 0
@@ -212,3 +215,26 @@ def test_quick_report_and_json_structure(tmp_path):
                     "the kernel's share alone caps CCU per core"):
         assert heading in text
     assert any(word in text for word in ("PASS", "FAIL"))
+
+
+def load_capacity_module():
+    spec = importlib.util.spec_from_file_location("capacity_bench", BENCH / "capacity.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module         # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("players, seconds, sent, bound", [
+    (1280, 8.0, 1280 * 30 * 8 - 100, False),        # 99.7 %: the loader keeps up
+    (1408, 8.0, int(1408 * 30 * 8 * 0.923), True),   # 92.3 %: the fifth run's 1 408 step
+    (8, 2.0, 480 - 8, False),                         # a tick short at the window's edge
+    (8, 2.0, 400, True),
+    (64, 8.0, None, False),                           # a loader that does not count inputs
+])
+def test_a_step_whose_loader_falls_behind_is_flagged(players, seconds, sent, bound):
+    capacity = load_capacity_module()
+    share, loader_bound = capacity.loader_inputs(sent, players, seconds)
+    assert loader_bound is bound
+    if sent is not None:
+        assert share == pytest.approx(sent / (players * 30 * seconds))
