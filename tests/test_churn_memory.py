@@ -1,0 +1,90 @@
+"""Rooms and connections that are gone leave nothing behind in the server.
+
+A relay runs for weeks while rooms open and close and players come and go; anything it keeps
+per room or per connection after they end is a leak an operator only sees as slowly growing
+memory. Here a RelayServer runs in one process (in-memory datagrams, the compiled core, replays
+on) through cycles of: 16 players connect, join two fresh rooms, play three seconds,
+disconnect; the rooms end. After a warm-up, the Python heap -- which includes the core's C
+buffers (allocated through PyMem) -- must not grow with the number of cycles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import sys
+import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from tick_cost import ROOM_SIZE, SERVER_ADDRESS, Player  # noqa: E402  (simulated players)
+
+from relay.config import RelayConfig  # noqa: E402
+from relay.server import RelayServer  # noqa: E402
+
+TICK = 1 / 30
+
+
+class Churn:
+    def __init__(self, replay_directory: Path):
+        config = RelayConfig()
+        config = dataclasses.replace(
+            config, security=dataclasses.replace(config.security, handshake_rate=0),
+            rooms=dataclasses.replace(config.rooms, empty_timeout=1.0),
+            replay=dataclasses.replace(config.replay, enabled=True, directory=str(replay_directory)))
+        self.server = RelayServer(config)
+        self.endpoint = self.server.endpoint
+        self.now = 0.0
+        self.serial = 0
+
+    def step(self, players: list[Player]) -> None:
+        arrival = self.now + TICK / 2
+        batch = [(data, p.address) for p in players
+                 for data, _ in p.endpoint.datagrams_to_send(arrival)]
+        self.endpoint.receive_batch(batch, arrival)
+        self.server._process_events(arrival)
+        self.now += TICK
+        self.server._tick(self.now)
+        by_address = {p.address: p for p in players}
+        for data, address in self.endpoint.datagrams_to_send(self.now):
+            if address in by_address:
+                by_address[address].endpoint.receive(data, SERVER_ADDRESS, self.now + 0.001)
+        for player in players:
+            player.on_events()
+
+    def cycle(self, rooms: int = 2) -> None:
+        # Fresh players (new addresses, new room names, as tick_cost numbers them).
+        players = [Player(self.serial + i, self.now) for i in range(rooms * ROOM_SIZE)]
+        self.serial += len(players)
+        for _ in range(90):
+            self.step(players)
+        assert all(p.frames > 30 for p in players), [p.frames for p in players]
+        for player in players:
+            player.endpoint.disconnect(player.peer)
+        for _ in range(60):             # past rooms.empty_timeout: the rooms end
+            self.step(players)
+        assert not self.server.rooms and self.endpoint.peer_count == 0
+
+
+def test_room_and_connection_churn_leaves_nothing_behind(tmp_path):
+    churn = Churn(tmp_path)
+    tracemalloc.start()
+    try:
+        for _ in range(4):              # warm-up: caches, dict sizes, interned names
+            churn.cycle()
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(16):             # 256 connections and 32 rooms come and go
+            churn.cycle()
+        gc.collect()
+        growth = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(list(tmp_path.iterdir())) >= 40      # the rooms did play (a replay each)
+    # One connection's state alone is ~6 KB and a room's more: a leak of either over 256
+    # connections and 32 rooms is far above this.
+    assert growth < 16 * 1024, f"{growth} bytes more after 16 more cycles"
+    server = churn.server
+    assert not server.peer_room and not server.peer_claims and not server.notified
+    assert not server.replays
