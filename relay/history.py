@@ -3,10 +3,13 @@
 A match keeps every frame it has closed, and that grows without end: at 30 Hz, a room of 8 with
 16-byte inputs adds ~5 KB a second, far more than a connected player may cost in memory over a
 long match. ``FrameHistory`` keeps the newest frames as the very bytes objects that were sent
-(live sends, the spectators' delayed frames) and moves older ones, in chunks, to an unnamed
-temporary file; it keeps only each frame's end offset in memory (8 bytes a frame). Older frames
-are read back with ``os.pread`` when a late joiner or a lagging client needs them -- rarely, and
-from the page cache while the match is recent. If the file cannot be created or written, the
+(live sends, the spectators' delayed frames) and moves older ones, in chunks of SPILL_FRAMES, to
+an unnamed temporary file, each frame prefixed with its length (a LEB128 varint: one byte for a
+frame under 128 bytes). Memory keeps only each chunk's end offset: 8 bytes per 32 frames, ~27 KB
+for an hour of a 30 Hz room, where an offset per frame (8 bytes a frame) grew a room of 8 by
+~30 bytes a second per player: more than a player's whole connection state in ten minutes. Older
+frames are read back with ``os.pread`` a chunk at a time when a late joiner or a lagging client
+needs them -- rarely, and from the page cache while the match is recent. If the file cannot be created or written, the
 frames stay in memory instead (a full disk costs memory, never a frame).
 
 It behaves as a read-only list of bytes with ``append``: ``len``, indexing, slicing, iteration,
@@ -22,7 +25,7 @@ from typing import Optional, Union
 from relay.logs import get_logger
 
 SPILL_FRAMES = 32
-"""Frames moved to the file at a time."""
+"""Frames moved to the file at a time: one chunk, one offset in memory."""
 
 
 class FrameHistory:
@@ -30,23 +33,33 @@ class FrameHistory:
         self.keep = max(1, keep)
         """Newest frames kept in memory as bytes objects (at least this many)."""
         self.directory = directory
-        self._ends = array("Q")             # end offset of every spilled frame in the spool
-        self._recent: list[bytes] = []      # frames len(_ends) .. len(self) - 1
+        self._chunk_ends = array("Q")       # spool offset after each spilled chunk
+        self._recent: list[bytes] = []      # frames self._spilled_count() .. len(self) - 1
         self._file = None
         self._memory: Optional[bytearray] = None    # the spool when the file failed
         self._size = 0                      # bytes spooled
 
     def __len__(self) -> int:
-        return len(self._ends) + len(self._recent)
+        return self._spilled_count() + len(self._recent)
+
+    def _spilled_count(self) -> int:
+        return len(self._chunk_ends) * SPILL_FRAMES
 
     def append(self, data: bytes) -> None:
         self._recent.append(data)
         if len(self._recent) >= self.keep + SPILL_FRAMES:
-            self._spill(SPILL_FRAMES)
+            self._spill()
 
-    def _spill(self, count: int) -> None:
-        frames = self._recent[:count]
-        chunk = b"".join(frames)
+    def _spill(self) -> None:
+        frames = self._recent[:SPILL_FRAMES]
+        chunk = bytearray()
+        for frame in frames:
+            size = len(frame)
+            while size >= 0x80:
+                chunk.append(size & 0x7F | 0x80)
+                size >>= 7
+            chunk.append(size)
+            chunk += frame
         if self._memory is None:
             try:
                 if self._file is None:
@@ -64,12 +77,9 @@ class FrameHistory:
                 self._close_file()
         if self._memory is not None:
             self._memory += chunk
-        end = self._size
-        for frame in frames:
-            end += len(frame)
-            self._ends.append(end)
-        self._size = end
-        del self._recent[:count]
+        self._size += len(chunk)
+        self._chunk_ends.append(self._size)
+        del self._recent[:SPILL_FRAMES]
 
     def _read(self, start: int, end: int) -> bytes:
         if self._memory is not None:
@@ -80,17 +90,29 @@ class FrameHistory:
         return data
 
     def _spilled(self, first: int, stop: int) -> list[bytes]:
-        """Spilled frames first..stop-1 with one read."""
+        """Spilled frames first..stop-1 with one read of the chunks that hold them."""
         if first >= stop:
             return []
-        ends = self._ends
-        base = ends[first - 1] if first else 0
-        data = self._read(base, ends[stop - 1])
-        out, start = [], 0
-        for index in range(first, stop):
-            end = ends[index] - base
-            out.append(data[start:end])
-            start = end
+        ends = self._chunk_ends
+        chunk = first // SPILL_FRAMES
+        data = self._read(ends[chunk - 1] if chunk else 0, ends[(stop - 1) // SPILL_FRAMES])
+        out, pos = [], 0
+        for index in range(chunk * SPILL_FRAMES, stop):
+            size = data[pos]
+            pos += 1
+            if size & 0x80:
+                size &= 0x7F
+                shift = 7
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    size |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        break
+                    shift += 7
+            if index >= first:
+                out.append(data[pos:pos + size])
+            pos += size
         return out
 
     def __getitem__(self, index: Union[int, slice]):
@@ -98,20 +120,20 @@ class FrameHistory:
             first, stop, step = index.indices(len(self))
             if step != 1:
                 return list(self)[index]
-            spilled = len(self._ends)
+            spilled = self._spilled_count()
             return (self._spilled(first, min(stop, spilled))
                     + self._recent[max(first - spilled, 0):max(stop - spilled, 0)])
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError("frame history index out of range")
-        spilled = len(self._ends)
+        spilled = self._spilled_count()
         if index >= spilled:
             return self._recent[index - spilled]
         return self._spilled(index, index + 1)[0]
 
     def __iter__(self):
-        spilled = len(self._ends)
+        spilled = self._spilled_count()
         for start in range(0, spilled, 4096):
             yield from self._spilled(start, min(spilled, start + 4096))
         yield from list(self._recent)
@@ -131,7 +153,8 @@ class FrameHistory:
 
     def memory_bytes(self) -> int:
         """Bytes this history holds in memory (frame objects, offsets, an in-memory spool)."""
-        return (sum(len(frame) + 33 for frame in self._recent) + self._ends.itemsize * len(self._ends)
+        return (sum(len(frame) + 33 for frame in self._recent)
+                + self._chunk_ends.itemsize * len(self._chunk_ends)
                 + (len(self._memory) if self._memory is not None else 0))
 
     def _close_file(self) -> None:
@@ -146,7 +169,7 @@ class FrameHistory:
         """Forget everything (the room is gone); the file goes with it."""
         self._close_file()
         self._memory = None
-        self._ends = array("Q")
+        self._chunk_ends = array("Q")
         self._recent = []
         self._size = 0
 

@@ -28,9 +28,9 @@ def test_every_frame_reads_back_exactly_after_spooling():
     assert history[::7] == expected[::7]
     with pytest.raises(IndexError):
         history[1000]
-    # Only the newest stay in memory: the rest cost 8 bytes of offset each.
+    # Only the newest stay in memory: the rest cost 8 bytes of offset per chunk of frames.
     assert len(history._recent) < 10 + SPILL_FRAMES
-    assert history.memory_bytes() < 8 * 1000 + (10 + SPILL_FRAMES) * 120
+    assert history.memory_bytes() < 8 * (1000 // SPILL_FRAMES + 1) + (10 + SPILL_FRAMES) * 120
     history.close()
     assert len(history) == 0 and history == []
 
@@ -58,4 +58,30 @@ def test_the_spool_file_is_unnamed_and_goes_with_the_history(tmp_path):
     for data in frames(200):
         history.append(data)
     assert os.listdir(tmp_path) == []          # unlinked at creation: nothing left behind
+    history.close()
+
+
+def test_frames_of_every_size_read_back_exactly():
+    # Spooled frames carry their length as a varint: 1, 2 and 3 bytes, and empty frames.
+    sizes = [0, 1, 127, 128, 129, 300, 16383, 16384, 70000, 0, 5] * 7
+    expected = [bytes([n % 256]) * size for n, size in enumerate(sizes)]
+    history = FrameHistory(keep=3)
+    for data in expected:
+        history.append(data)
+    assert history._spilled_count() > 0
+    assert list(history) == expected
+    for start in range(len(expected)):
+        assert history[start] == expected[start]
+        assert history[start:start + 40] == expected[start:start + 40]
+
+
+def test_memory_does_not_grow_a_word_per_frame_over_a_long_match():
+    # An hour of a 30 Hz room: what stays in memory is a few offsets, not one per frame.
+    history = FrameHistory(keep=64)
+    frame = b"\xc1" + bytes(20)
+    for _ in range(30 * 3600):
+        history.append(frame)
+    assert len(history) == 30 * 3600
+    assert history.memory_bytes() < 30 * 3600 * 8 / SPILL_FRAMES + (64 + SPILL_FRAMES) * 60
+    assert history[12345] == frame and history[-1] is frame
     history.close()
