@@ -9,8 +9,8 @@ frame under 128 bytes). Memory keeps only each chunk's end offset: 8 bytes per 3
 for an hour of a 30 Hz room, where an offset per frame (8 bytes a frame) grew a room of 8 by
 ~30 bytes a second per player: more than a player's whole connection state in ten minutes. Older
 frames are read back with ``os.pread`` a chunk at a time when a late joiner or a lagging client
-needs them -- rarely, and from the page cache while the match is recent. If the file cannot be created or written, the
-frames stay in memory instead (a full disk costs memory, never a frame).
+needs them -- rarely, and from the page cache while the match is recent. If the file cannot be
+created or written, the frames stay in memory instead (a full disk costs memory, never a frame).
 
 It behaves as a read-only list of bytes with ``append``: ``len``, indexing, slicing, iteration,
 equality with a list.
