@@ -23,9 +23,13 @@ from array import array
 from typing import Optional, Union
 
 from relay.logs import get_logger
+from relay.protocol import get_varint, put_varint
 
 SPILL_FRAMES = 32
 """Frames moved to the file at a time: one chunk, one offset in memory."""
+
+MAX_FRAME_SIZE = 1 << 32
+"""Bound on a spooled frame's length prefix (far above any frame a channel can carry)."""
 
 
 class FrameHistory:
@@ -54,11 +58,7 @@ class FrameHistory:
         frames = self._recent[:SPILL_FRAMES]
         chunk = bytearray()
         for frame in frames:
-            size = len(frame)
-            while size >= 0x80:
-                chunk.append(size & 0x7F | 0x80)
-                size >>= 7
-            chunk.append(size)
+            put_varint(chunk, len(frame))
             chunk += frame
         if self._memory is None:
             try:
@@ -98,18 +98,7 @@ class FrameHistory:
         data = self._read(ends[chunk - 1] if chunk else 0, ends[(stop - 1) // SPILL_FRAMES])
         out, pos = [], 0
         for index in range(chunk * SPILL_FRAMES, stop):
-            size = data[pos]
-            pos += 1
-            if size & 0x80:
-                size &= 0x7F
-                shift = 7
-                while True:
-                    byte = data[pos]
-                    pos += 1
-                    size |= (byte & 0x7F) << shift
-                    if byte < 0x80:
-                        break
-                    shift += 7
+            size, pos = get_varint(data, pos, MAX_FRAME_SIZE)
             if index >= first:
                 out.append(data[pos:pos + size])
             pos += size

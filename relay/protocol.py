@@ -225,14 +225,17 @@ _EVENT_CODES = {kind: code for code, kind in enumerate(EVENT_KINDS)}
 MAX_SLOTS = 256
 
 
-def _put_varint(out: bytearray, value: int) -> None:
+def put_varint(out: bytearray, value: int) -> None:
+    """Append ``value`` as an unsigned LEB128 varint (FRAME fields; also relay.history)."""
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
 
 
-def _get_varint(data: bytes, pos: int, limit: int = FRAME_NUMBER_LIMIT) -> tuple[int, int]:
+def get_varint(data: bytes, pos: int, limit: int = FRAME_NUMBER_LIMIT) -> tuple[int, int]:
+    """(value, position after it) of the varint at ``pos``; ProtocolError if it is cut short,
+    longer than 5 bytes or not below ``limit``."""
     value = shift = 0
     while True:
         if pos >= len(data):
@@ -267,7 +270,7 @@ def encode_frame(frame: Frame, previous: Optional[list] = None) -> bytes:
         if slot < len(previous) and previous[slot] == payload:
             same[slot >> 3] |= bit
         else:
-            _put_varint(payloads, len(payload))
+            put_varint(payloads, len(payload))
             payloads += payload
     for slot in frame.synthesized:
         if not 0 <= slot < count or inputs[slot] is None:
@@ -276,9 +279,9 @@ def encode_frame(frame: Frame, previous: Optional[list] = None) -> bytes:
     flags = ((FLAG_SAME if any(same) else 0) | (FLAG_SYNTHESIZED if frame.synthesized else 0)
              | (FLAG_EVENTS if frame.events else 0))
     out = bytearray((FRAME_MARKER,))
-    _put_varint(out, frame.number)
+    put_varint(out, frame.number)
     out.append(flags)
-    _put_varint(out, count)
+    put_varint(out, count)
     out += present
     if flags & FLAG_SAME:
         out += same
@@ -286,12 +289,12 @@ def encode_frame(frame: Frame, previous: Optional[list] = None) -> bytes:
         out += synthesized
     out += payloads
     if frame.events:
-        _put_varint(out, len(frame.events))
+        put_varint(out, len(frame.events))
         for kind, slot, player in frame.events:
             name = player.encode()
             out.append(_EVENT_CODES[kind])
-            _put_varint(out, slot)
-            _put_varint(out, len(name))
+            put_varint(out, slot)
+            put_varint(out, len(name))
             out += name
     return bytes(out)
 
@@ -300,7 +303,7 @@ def frame_number(data: bytes) -> int:
     """The number of a FRAME message without decoding the rest (ProtocolError if not a FRAME)."""
     if not data or data[0] != FRAME_MARKER:
         raise ProtocolError("malformed", "not a FRAME message")
-    return _get_varint(data, 1)[0]
+    return get_varint(data, 1)[0]
 
 
 def _bits(data: bytes, pos: int, width: int, count: int) -> tuple[list[int], int]:
@@ -316,13 +319,13 @@ def decode_frame(data: bytes, previous: Optional[list] = None) -> Frame:
     """Decode a compact FRAME; ``previous`` is the previous frame's decoded ``inputs`` (needed
     only if the frame refers to it: ProtocolError "needs_previous" otherwise)."""
     number = frame_number(data)
-    _, pos = _get_varint(data, 1)
+    _, pos = get_varint(data, 1)
     if pos >= len(data):
         raise ProtocolError("malformed", "FRAME ends before its flags")
     flags = data[pos]
     if flags & ~_KNOWN_FLAGS:
         raise ProtocolError("malformed", f"FRAME flags {flags:#04x} has unknown bits")
-    count, pos = _get_varint(data, pos + 1, MAX_SLOTS + 1)
+    count, pos = get_varint(data, pos + 1, MAX_SLOTS + 1)
     width = (count + 7) >> 3
     present, pos = _bits(data, pos, width, count)
     same: list[int] = []
@@ -346,20 +349,20 @@ def decode_frame(data: bytes, previous: Optional[list] = None) -> Frame:
                                                  f"which the previous frame does not have")
             inputs[slot] = previous[slot]
             continue
-        length, pos = _get_varint(data, pos, 1 << 20)
+        length, pos = get_varint(data, pos, 1 << 20)
         if pos + length > len(data):
             raise ProtocolError("malformed", "FRAME ends inside an input")
         inputs[slot] = data[pos:pos + length]
         pos += length
     events = []
     if flags & FLAG_EVENTS:
-        event_count, pos = _get_varint(data, pos, len(data) + 1)
+        event_count, pos = get_varint(data, pos, len(data) + 1)
         for _ in range(event_count):
             if pos >= len(data) or data[pos] >= len(EVENT_KINDS):
                 raise ProtocolError("malformed", "FRAME event kind missing or unknown")
             kind = EVENT_KINDS[data[pos]]
-            slot, pos = _get_varint(data, pos + 1, MAX_SLOTS)
-            length, pos = _get_varint(data, pos, MAX_NAME_LENGTH * 4 + 1)
+            slot, pos = get_varint(data, pos + 1, MAX_SLOTS)
+            length, pos = get_varint(data, pos, MAX_NAME_LENGTH * 4 + 1)
             if pos + length > len(data):
                 raise ProtocolError("malformed", "FRAME ends inside an event")
             try:
