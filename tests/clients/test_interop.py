@@ -1,0 +1,256 @@
+"""Interop: the C client (clients/c/examples/relay_player.c), the C# bot (clients/csharp) and
+the Python SDK play in one room of a real `relay serve`, with `relay bot` players beside them,
+and every one of them sees the identical frame stream, hashed the same way, from frame 0 to
+the room's last frame: a late joiner (history block) and a player that reconnects mid-match
+included; once more through `relay netem` at 10 % loss, and once in token mode.
+
+Each scenario: the room is created with the `admin` start policy, started once the first
+clients are in, ended by the admin API after a fixed time; every client runs until it has
+taken every frame the room produced (relay_client_finished), then prints one JSON line.
+"""
+import asyncio
+import base64
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, build_c_library
+
+from relay.client import RelayClient
+from relay_core.token import mint_token
+
+CSHARP = ROOT / "clients" / "csharp"
+EVENT_CODES = {"join": 0, "leave": 1, "timeout": 2, "reconnect": 3}
+FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+TOKEN_KEY = bytes(range(32))
+
+
+def frame_hash_update(state: int, frame) -> int:
+    """The hash every client prints (relay_player.c's comment defines it): FNV-1a 64 over, per
+    frame, u32 number, u32 slot count; per slot 0xFF if nil else u16 length + bytes; u32 event
+    count; per event u8 kind, u32 slot, u8 name length + name; little-endian throughout."""
+    data = bytearray(struct.pack("<II", frame.number, len(frame.inputs)))
+    for payload in frame.inputs:
+        if payload is None:
+            data.append(0xFF)
+        else:
+            data += struct.pack("<H", len(payload)) + payload
+    data += struct.pack("<I", len(frame.events))
+    for kind, slot, name in frame.events:
+        encoded = name.encode()
+        data += struct.pack("<BIB", EVENT_CODES[kind], slot, len(encoded)) + encoded
+    for byte in data:
+        state = ((state ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return state
+
+
+def free_port(kind=socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def native_clients():
+    """The C player and the C# bot, built once for the module."""
+    build = build_c_library()
+    player = build / "relay_player"
+    assert player.exists(), "relay_player was not built"
+    result = subprocess.run(["bash", str(CSHARP / "build.sh")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    bot = CSHARP / "build" / "Bot.exe"
+    assert bot.exists()
+    return {"c": player, "csharp": bot, "lib": build}
+
+
+class Relay:
+    def __init__(self, tmp_path: Path, **settings: str):
+        self.udp_port, self.http_port = free_port(), free_port(socket.SOCK_STREAM)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        env.update(RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(self.udp_port),
+                   RELAY_SERVER_HTTP_PORT=str(self.http_port), RELAY_REPLAY_ENABLED="false",
+                   RELAY_REPLAY_DIRECTORY=str(tmp_path / "replays"), RELAY_SERVER_LOG_FORMAT="json")
+        env.update(settings)
+        self.log = open(tmp_path / "relay.log", "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.http("GET", "/health")
+                break
+            except OSError:
+                assert self.process.poll() is None, "relay serve exited"
+                assert time.monotonic() < deadline, "relay serve did not come up"
+                time.sleep(0.1)
+
+    def http(self, method: str, path: str, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data,
+                                         method=method, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read() or b"null")
+
+    def close(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+async def sdk_player(host, port, room, player, token=None, input_delay=2) -> dict:
+    """The Python SDK as a fourth client: plays and hashes every frame, like relay_player."""
+    client = await RelayClient.connect(host, port, room, player, token=token,
+                                       input_delay=input_delay, timeout=10)
+    state, frames, last = FNV_OFFSET, 0, -1
+    try:
+        await client.wait_for_state("running", timeout=30)
+        client.send_next_input(player.encode()[:4] + b"\x00")
+        async for frame in client.frames():
+            assert frame.number == last + 1, "gap or duplicate in the SDK's stream"
+            last = frame.number
+            state = frame_hash_update(state, frame)
+            frames += 1
+            client.send_next_input(bytes([frame.number & 0xFF]) + player.encode()[:3])
+    finally:
+        await client.close()
+    return {"player": player, "frames": frames, "gaps": 0, "duplicates": 0,
+            "hash": f"{state:016x}", "final_frames": client.final_frames, "errors": []}
+
+
+async def run_process(args, env=None, delay=0.0) -> dict:
+    await asyncio.sleep(delay)
+    process = await asyncio.create_subprocess_exec(
+        *map(str, args), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=90)
+    lines = [line for line in stdout.decode().splitlines() if line.startswith("{")]
+    assert lines, f"{args[0]} printed no JSON (exit {process.returncode}): {stderr.decode()[-2000:]}"
+    result = json.loads(lines[-1])
+    result["exit"] = process.returncode
+    result["stderr"] = stderr.decode()[-2000:]
+    return result
+
+
+async def wait_for_players(relay: Relay, room: str, count: int, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            info = await asyncio.to_thread(relay.http, "GET", f"/rooms/{room}")
+            if sum(1 for p in info["players"] if p["connected"]) >= count:
+                return
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, f"fewer than {count} players joined {room}"
+        await asyncio.sleep(0.1)
+
+
+def play_match(relay: Relay, native: dict, port: int, *, tokens=None, reconnect=True,
+               late_join=True, bots=2, seconds=10.0) -> list[dict]:
+    """One room: C, C#, SDK and `relay bot` players from the start, a late C joiner, a C
+    player that reconnects; the admin ends the room after ``seconds`` of play."""
+    room = "interop"
+    relay.http("POST", "/rooms", {"room": room, "start_policy": "admin"})
+    server = f"127.0.0.1:{port}"
+    mono_env = dict(os.environ, LD_LIBRARY_PATH=str(native["lib"]))
+    tokens = tokens or {}
+
+    def token_args(player):
+        return ["--token", tokens[player]] if player in tokens else []
+
+    async def scenario():
+        clients = [
+            run_process([native["c"], "--server", server, "--room", room, "--player", "c1",
+                         "--seconds", 80, *token_args("c1")]),
+            run_process(["mono", native["csharp"], "--server", server, "--room", room,
+                         "--player", "cs1", "--seconds", 80, *token_args("cs1")], env=mono_env),
+            sdk_player("127.0.0.1", port, room, "py1", token=tokens.get("py1")),
+        ]
+        if reconnect:
+            clients.append(run_process([native["c"], "--server", server, "--room", room,
+                                        "--player", "c2", "--seconds", 80,
+                                        "--reconnect-at", 5, *token_args("c2")]))
+        if bots:
+            bot_args = [sys.executable, "-m", "relay.cli", "bot", "--server", server, "--room",
+                        room, "--players", bots, "--seconds", seconds - 2, "--json"]
+            if tokens:
+                bot_args += ["--key", f"1:{base64.b64encode(TOKEN_KEY).decode()}"]
+            bot_task = asyncio.ensure_future(run_process(bot_args))
+        tasks = [asyncio.ensure_future(c) for c in clients]
+        await wait_for_players(relay, room, len(clients) + bots)
+        await asyncio.to_thread(relay.http, "POST", f"/rooms/{room}/start")
+        if late_join:
+            tasks.append(asyncio.ensure_future(run_process(
+                [native["c"], "--server", server, "--room", room, "--player", "late",
+                 "--seconds", 80, *token_args("late")], delay=3.0)))
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(relay.http, "DELETE", f"/rooms/{room}")
+        results = await asyncio.gather(*tasks)
+        if bots:
+            bot = await bot_task
+            assert bot["exit"] == 0 and not bot["errors"], bot
+            assert bot["gaps"] == 0 and bot["duplicates"] == 0 and bot["mismatches"] == 0, bot
+        return results
+
+    return asyncio.run(scenario())
+
+
+def check_identical_streams(results: list[dict]):
+    for result in results:
+        assert result.get("exit", 0) == 0 and not result["errors"], result
+        assert result["gaps"] == 0 and result["duplicates"] == 0, result
+        assert result["frames"] == result["final_frames"] > 0, result
+    hashes = {r["player"]: r["hash"] for r in results}
+    assert len(set(hashes.values())) == 1, hashes
+
+
+def test_c_csharp_and_python_clients_see_the_identical_stream(tmp_path, native_clients):
+    relay = Relay(tmp_path)
+    try:
+        results = play_match(relay, native_clients, relay.udp_port)
+    finally:
+        relay.close()
+    check_identical_streams(results)
+    assert {r["player"] for r in results} == {"c1", "cs1", "py1", "c2", "late"}
+    assert min(r["frames"] for r in results) >= 200           # >= 10 s at 30 Hz of play
+
+
+def test_identical_streams_through_netem_at_10_percent_loss(tmp_path, native_clients):
+    relay = Relay(tmp_path)
+    netem_port = free_port()
+    netem = subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", "netem", "--listen", f"127.0.0.1:{netem_port}",
+         "--upstream", f"127.0.0.1:{relay.udp_port}", "--loss", "10", "--delay", "10",
+         "--seed", "15", "--duration", "120"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        results = play_match(relay, native_clients, netem_port)
+    finally:
+        netem.terminate()
+        netem.wait(timeout=10)
+        relay.close()
+    check_identical_streams(results)
+
+
+def test_identical_streams_in_token_mode(tmp_path, native_clients):
+    key = base64.b64encode(TOKEN_KEY).decode()
+    relay = Relay(tmp_path, RELAY_SECURITY_MODE="token", RELAY_SECURITY_KEYS=f"1:{key}")
+    tokens = {player: mint_token(TOKEN_KEY, 1, "interop", player, 120).encode()
+              for player in ("c1", "cs1", "py1", "late")}
+    try:
+        results = play_match(relay, native_clients, relay.udp_port, tokens=tokens,
+                             reconnect=False)
+    finally:
+        relay.close()
+    check_identical_streams(results)
