@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from relay.client import RelayClient, RelayError
+from relay.protocol import MAX_NAME_LENGTH
 from relay_core.token import ConnectToken, mint_token
 
 
@@ -30,6 +31,12 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _room_name(text: str) -> str:
+    if not 1 <= len(text) <= MAX_NAME_LENGTH:
+        raise argparse.ArgumentTypeError(f"a room name has 1..{MAX_NAME_LENGTH} characters")
+    return text
 
 
 @dataclass
@@ -164,18 +171,29 @@ def summarize(reports: list[BotReport], seconds: float) -> dict:
     }
 
 
+def room_names(rooms: int, room_prefix: str = "bots", room: Optional[str] = None) -> list[str]:
+    """The rooms the bots join: ``room`` alone if given (``rooms`` must then be 1), else
+    ``rooms`` fresh names ``{room_prefix}-{run id}-{index}`` (the run id keeps two runs apart)."""
+    if room is not None:
+        if rooms != 1:
+            raise ValueError("--room names one room: it cannot be combined with --rooms > 1")
+        return [room]
+    run_id = f"{int(time.time() * 1000) % 10**8}"
+    return [f"{room_prefix}-{run_id}-{r}" for r in range(rooms)]
+
+
 async def run_bots(host: str, port: int, rooms: int, players: int, seconds: float,
                    input_delay: int = 2, room_prefix: str = "bots", start_timeout: float = 10.0,
-                   minter: Optional[TokenMinter] = None) -> dict:
+                   minter: Optional[TokenMinter] = None, room: Optional[str] = None) -> dict:
+    """``players`` bots in each of ``rooms`` fresh rooms, or all of them in the room named
+    ``room``; they play for ``seconds`` and the summary says what they saw."""
     loop = asyncio.get_running_loop()
-    run_id = f"{int(time.time() * 1000) % 10**8}"
     deadline = loop.time() + seconds
     tasks = []
-    for r in range(rooms):
+    for name in room_names(rooms, room_prefix, room):
         ledger = RoomLedger()
-        room = f"{room_prefix}-{run_id}-{r}"
         for p in range(players):
-            tasks.append(run_bot(host, port, room, f"bot{p}", ledger, deadline, input_delay,
+            tasks.append(run_bot(host, port, name, f"bot{p}", ledger, deadline, input_delay,
                                  start_timeout, minter))
     reports = await asyncio.gather(*tasks)
     return summarize(list(reports), seconds)
@@ -184,12 +202,23 @@ async def run_bots(host: str, port: int, rooms: int, players: int, seconds: floa
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", type=_host_port, default=("127.0.0.1", 7777),
                         help="relay UDP address, HOST:PORT (default 127.0.0.1:7777)")
-    parser.add_argument("--rooms", type=int, default=1)
-    parser.add_argument("--players", type=int, default=2, help="bots per room")
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rooms", type=int, default=1,
+                        help="number of rooms, each a new one named PREFIX-RUNID-INDEX "
+                             "(default %(default)s)")
+    parser.add_argument("--players", type=int, default=2,
+                        help="bots per room, named bot0, bot1, ... (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="how long the bots play (default %(default)s)")
     parser.add_argument("--input-delay", type=int, default=2,
-                        help="frames between receiving frame N and the frame an input is for")
-    parser.add_argument("--room-prefix", default="bots")
+                        help="frames between receiving frame N and the frame an input is for "
+                             "(default %(default)s)")
+    names = parser.add_mutually_exclusive_group()
+    names.add_argument("--room-prefix", default="bots",
+                       help="prefix of the generated room names (default %(default)s)")
+    names.add_argument("--room", metavar="NAME", type=_room_name,
+                       help="all --players bots join the room NAME (the relay creates it "
+                            "if rooms.auto_create allows); only with --rooms 1. Default: "
+                            "--rooms new rooms")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     tokens = parser.add_argument_group(
         "token mode", "give a key and every bot mints its own connect token (as a game backend "
@@ -222,6 +251,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("relay bot: --rooms, --players, --input-delay must be >= 1 and --seconds > 0",
               file=sys.stderr)
         return 2
+    if args.room is not None and args.rooms != 1:
+        print("relay bot: --room names one room: use it without --rooms (or with --rooms 1)",
+              file=sys.stderr)
+        return 2
     minter = None
     if args.key or args.key_file or args.config:
         from relay.cli import token_keys_from_args
@@ -242,7 +275,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     host, port = args.server
     summary = uvloop.run(run_bots(host, port, args.rooms, args.players, args.seconds,
-                                  args.input_delay, args.room_prefix, minter=minter))
+                                  args.input_delay, args.room_prefix, minter=minter,
+                                  room=args.room))
     print(json.dumps(summary) if args.json else format_summary(summary))
     ok = not (summary["gaps"] or summary["duplicates"] or summary["mismatches"] or summary["errors"])
     return 0 if ok else 1
