@@ -1,0 +1,204 @@
+"""The C# binding (clients/csharp): it compiles with mono's mcs at Unity's language level, its
+structs have the C header's layout, and its bot plays a real relay.
+
+A missing mcs, mono or gcc is a failure, not a skip: the binding is part of the product."""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CSHARP = ROOT / "clients" / "csharp"
+HEADER_DIR = ROOT / "clients" / "c" / "include"
+
+LAYOUTS = {
+    "relay_event_t": ["type", "room_state", "slot", "spectator", "tick_rate", "next_frame",
+                      "history", "frame", "delay_frames", "response_ms", "late", "inputs",
+                      "code", "text"],
+    "relay_client_stats_t": ["rtt", "rtt_variance", "loss", "packets_sent", "packets_received",
+                             "bytes_sent", "bytes_received", "frames_received",
+                             "frames_duplicate", "blocks_received", "datagrams_dropped",
+                             "events_dropped", "live_frames_dropped"],
+    "relay_frame_t": ["number", "slot_count", "event_count"],
+    "relay_frame_event_t": ["kind", "slot", "name_length", "name"],
+    "relay_client_config_t": ["allocate", "release", "allocator_context", "random_bytes",
+                              "random_context", "mtu", "connect_timeout", "peer_timeout",
+                              "heartbeat_interval", "ack_delay", "max_message_size",
+                              "reassembly_limit", "max_block_size", "max_history_size",
+                              "frame_buffer_bytes", "frame_buffer_count", "input_delay",
+                              "auto_input_delay", "max_input_size", "send_queue", "event_queue"],
+}
+
+
+def require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} is not installed (apt-get install mono-mcs mono-runtime gcc)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def csharp_build(tmp_path_factory) -> Path:
+    require("mcs")
+    require("mono")
+    out = tmp_path_factory.mktemp("csharp")
+    result = subprocess.run(["sh", str(CSHARP / "build.sh"), str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_binding_and_bot_compile_with_warnings_as_errors(csharp_build):
+    assert (csharp_build / "Relay.Client.dll").stat().st_size > 0
+    assert (csharp_build / "Bot.exe").stat().st_size > 0
+
+
+def test_unity_package_files():
+    manifest = json.loads((CSHARP / "package.json").read_text())
+    assert manifest["name"] == "com.relay.client"
+    assert manifest["unity"] == "2021.3"
+    for key in ("version", "displayName", "description"):
+        assert manifest[key]
+    asmdef = json.loads((CSHARP / "Runtime" / "Relay.Client.asmdef").read_text())
+    assert asmdef["allowUnsafeCode"] is True
+    native = (CSHARP / "Runtime" / "Native.cs").read_text()
+    assert 'const string Library = "relay_client"' in native
+    assert "#if UNITY_IOS && !UNITY_EDITOR" in native and '"__Internal"' in native
+    assert (CSHARP / "Runtime" / "Plugins" / "README.md").exists()
+    tracked = subprocess.run(["git", "ls-files", "--", "clients/csharp/Runtime/Plugins"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.split()
+    committed = [p for p in tracked if Path(p).suffix in (".so", ".dll", ".dylib", ".a", ".bundle")]
+    assert committed == [], "native binaries must not be committed"
+
+
+def test_every_header_function_is_imported():
+    header = (HEADER_DIR / "relay_client.h").read_text()
+    native = (CSHARP / "Runtime" / "Native.cs").read_text()
+    functions = set(re.findall(r"RELAY_API[^;(]*?\b(relay_\w+)\s*\(", header))
+    assert len(functions) > 30
+    missing = [name for name in sorted(functions) if f" {name}(" not in native]
+    assert not missing, f"not imported in Native.cs: {missing}"
+
+
+def c_layouts(tmp_path: Path) -> dict:
+    require("gcc")
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "relay_client.h"',
+             'int main(void) {', '    printf("{");']
+    for index, (struct, fields) in enumerate(LAYOUTS.items()):
+        parts = [f'\\"size\\": %zu'] + [f'\\"{f}\\": %zu' for f in fields]
+        args = [f"sizeof({struct})"] + [f"offsetof({struct}, {f})" for f in fields]
+        sep = ", " if index else ""
+        lines.append(f'    printf("{sep}\\"{struct}\\": {{{", ".join(parts)}}}", {", ".join(args)});')
+    lines += ['    printf("}\\n");', '    return 0;', '}']
+    source = tmp_path / "layouts.c"
+    source.write_text("\n".join(lines) + "\n")
+    binary = tmp_path / "layouts"
+    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", f"-I{HEADER_DIR}", str(source), "-o",
+                    str(binary)], check=True, capture_output=True, text=True)
+    return json.loads(subprocess.run([str(binary)], check=True, capture_output=True,
+                                     text=True).stdout)
+
+
+def test_struct_layouts_match_the_c_header(csharp_build, tmp_path):
+    expected = c_layouts(tmp_path)
+    result = subprocess.run(["mono", str(csharp_build / "Bot.exe"), "--selftest"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    actual = json.loads(result.stdout)
+    assert set(actual) == set(LAYOUTS)
+    for struct in LAYOUTS:
+        assert actual[struct] == expected[struct], struct
+
+
+# ---- against a real relay -------------------------------------------------------------------
+
+def free_port(kind=socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def relay_command() -> list:
+    venv = ROOT / ".venv" / "bin" / "relay"
+    return [str(venv), "serve"] if venv.exists() else [sys.executable, "-m", "relay.cli", "serve"]
+
+
+@pytest.fixture
+def relay_server(tmp_path):
+    udp_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
+    env = dict(os.environ, RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(udp_port),
+               RELAY_SERVER_HTTP_HOST="127.0.0.1", RELAY_SERVER_HTTP_PORT=str(http_port),
+               RELAY_REPLAY_DIRECTORY=str(tmp_path))
+    log = open(tmp_path / "relay.log", "w")
+    process = subprocess.Popen(relay_command(), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{http_port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert process.poll() is None, (tmp_path / "relay.log").read_text()
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1).read()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "relay serve did not come up"
+            time.sleep(0.2)
+    try:
+        yield udp_port, base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def start_bot(csharp_build: Path, c_build: Path, port: int, room: str, player: str, *extra: str):
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{c_build}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    return subprocess.Popen(["mono", str(csharp_build / "Bot.exe"), "--server", f"127.0.0.1:{port}",
+                             "--room", room, "--player", player, *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_bot(process) -> dict:
+    stdout, stderr = process.communicate(timeout=60)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (stdout, stderr)
+    report = json.loads(lines[0])
+    report["_exit"] = process.returncode
+    report["_stderr"] = stderr
+    return report
+
+
+def test_two_csharp_bots_and_a_spectator_play_a_room_to_its_end(csharp_build, c_build, relay_server):
+    port, base = relay_server
+    assert (c_build / "librelay_client.so").exists()
+    room = f"cs-{os.getpid()}"
+    bots = [start_bot(csharp_build, c_build, port, room, name, "--seconds", "30")
+            for name in ("alice", "bob")]
+    time.sleep(1.0)
+    watcher = start_bot(csharp_build, c_build, port, room, "watcher", "--seconds", "30", "--spectator")
+    time.sleep(5.0)
+    request = urllib.request.Request(f"{base}/rooms/{room}", method="DELETE")
+    urllib.request.urlopen(request, timeout=5).read()
+    reports = [finish_bot(p) for p in bots + [watcher]]
+    for report in reports:
+        assert report["_exit"] == 0, report
+        assert report["errors"] == [], report
+        assert report["end_reason"] == "ended", report
+        assert report["frames"] > 30, report
+        assert report["first"] == 0 and report["last"] == report["frames"] - 1, report
+        assert report["gaps"] == 0 and report["duplicates"] == 0, report
+        assert report["final_frames"] == report["frames"], report
+        # The per-frame path allocates nothing in the steady state.
+        assert report["gc_frames_measured"] > 0, report
+        assert report["gc_bytes_per_frame"] == 0, report
+    assert len({r["hash"] for r in reports}) == 1, reports
+    assert {r["slot"] for r in reports} == {0, 1, -1}
