@@ -77,6 +77,14 @@ def test_unity_package_files():
                              capture_output=True, text=True).stdout.split()
     committed = [p for p in tracked if Path(p).suffix in (".so", ".dll", ".dylib", ".a", ".bundle")]
     assert committed == [], "native binaries must not be committed"
+    # A git-URL package is read-only: Unity ignores any asset without a .meta file.
+    files = subprocess.run(["git", "ls-files", "--others", "--cached", "--exclude-standard", "--",
+                            "clients/csharp"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assets = {Path(f).relative_to("clients/csharp") for f in files if not f.endswith(".meta")}
+    assets |= {parent for a in assets for parent in a.parents if parent != Path(".")}
+    missing = sorted(str(a) for a in assets if a.name != ".gitignore"
+                     and not (CSHARP / a.parent / (a.name + ".meta")).exists())
+    assert missing == [], f"no .meta (run clients/csharp/gen_meta.py): {missing}"
 
 
 def test_every_header_function_is_imported():
