@@ -262,6 +262,11 @@ class Room(RoomCore):
                 # Frame 0 carries what happened while waiting, so joins and leaves both count.
                 kind = "timeout" if reason == "timeout" else "leave"
                 self.pending_events.append([kind, slot.index, slot.player])
+                # The open frame, which holds the leave, is the player's last: inputs it sent
+                # ahead for later frames are dropped (an away slot is nil, section 7).
+                for number, inputs in self.pending_inputs.items():
+                    if number > self.open_frame:
+                        inputs.pop(slot.index, None)
             self.events.append(RoomEvent("timed_out" if reason == "timeout" else "left",
                                          {"player": slot.player, "slot": slot.index,
                                           "reason": reason, "frame": self.open_frame}))

@@ -445,6 +445,24 @@ def test_late_input_with_policy_drop_is_refused():
     assert alice.frames[2].inputs == [None, None]
 
 
+@pytest.mark.parametrize("policy", ["none", "repeat"])
+def test_the_leave_frame_is_a_leavers_last_frame_with_an_input(policy):
+    harness, (alice, bob) = running(missing_input_policy=policy)
+    harness.tick(2)                                      # frame 2 open
+    for frame in (2, 3, 4):                              # input delay 3
+        assert harness.input(alice, frame, b"a%d" % frame) == "accepted"
+    harness.room.detach(alice.peer_id, "leave", 0.0)     # LEAVE while frame 2 is open
+    assert harness.input(alice, 5, b"after") == "refused:not_a_player"
+    harness.tick(3)
+    frames = bob.frames[2:5]
+    assert frames[0].events == [["leave", 0, "alice"]] and frames[0].inputs[0] == b"a2"
+    assert [f.inputs[0] for f in frames[1:]] == [None, None]     # sent ahead, dropped at the leave
+    harness.join("alice", peer_id=9)                     # back at frame 5: a clean slot
+    assert harness.input(harness.clients[9], 5, b"back") == "accepted"
+    harness.tick()
+    assert bob.frames[5].inputs[0] == b"back" and bob.frames[5].events == [["reconnect", 0, "alice"]]
+
+
 def test_input_before_the_start_is_refused_not_running():
     harness = Harness(make_room(policy="admin"))
     alice = harness.join("alice")
