@@ -28,7 +28,8 @@ def body(path: Path) -> str:
 def main() -> None:
     for path in sorted(HERE.rglob("*")):
         relative = path.relative_to(HERE)
-        if relative.parts[0] in SKIP or path.suffix == ".meta" or path.name.startswith("."):
+        if relative.parts[0] in SKIP or path.suffix == ".meta" or any(
+                part.startswith(".") or part.endswith("~") for part in relative.parts):
             continue
         if path.suffix in (".so", ".dll", ".dylib", ".a", ".bundle"):
             continue        # native plugins: Unity writes their metas with the platform settings

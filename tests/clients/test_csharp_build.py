@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -81,6 +82,8 @@ def test_unity_package_files():
     files = subprocess.run(["git", "ls-files", "--others", "--cached", "--exclude-standard", "--",
                             "clients/csharp"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     assets = {Path(f).relative_to("clients/csharp") for f in files if not f.endswith(".meta")}
+    # Unity skips hidden folders and those ending in "~" (Tests~).
+    assets = {a for a in assets if not any(p.endswith("~") or p.startswith(".") for p in a.parts)}
     assets |= {parent for a in assets for parent in a.parents if parent != Path(".")}
     missing = sorted(str(a) for a in assets if a.name != ".gitignore"
                      and not (CSHARP / a.parent / (a.name + ".meta")).exists())
@@ -124,6 +127,69 @@ def test_struct_layouts_match_the_c_header(csharp_build, tmp_path):
     assert set(actual) == set(LAYOUTS)
     for struct in LAYOUTS:
         assert actual[struct] == expected[struct], struct
+
+
+# ---- against a scripted stand-in of the library (clients/csharp/Tests~/relay_client_stub.c) ----
+
+@pytest.fixture(scope="module")
+def stub_library(csharp_build, tmp_path_factory) -> Path:
+    require("gcc")
+    out = tmp_path_factory.mktemp("stub")
+    subprocess.run(["gcc", "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror",
+                    "-shared", "-fPIC", f"-I{HEADER_DIR}", str(CSHARP / "Tests~" / "relay_client_stub.c"),
+                    "-o", str(out / "librelay_client.so")], check=True, capture_output=True, text=True)
+    return out
+
+
+def run_mono(exe: Path, library_dir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{library_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    return subprocess.run(["mono", str(exe), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_binding_surface_against_the_scripted_library(csharp_build, stub_library):
+    exe = csharp_build / "ApiCheck.exe"
+    subprocess.run(["mcs", "-nologo", "-langversion:7.2", "-warnaserror",
+                    f"-r:{csharp_build / 'Relay.Client.dll'}", f"-out:{exe}",
+                    str(CSHARP / "Tests~" / "ApiCheck.cs")], check=True, capture_output=True, text=True)
+    result = run_mono(exe, stub_library)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+def fnv1a(data: bytes, value: int = 0xcbf29ce484222325) -> int:
+    for byte in data:
+        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return value
+
+
+def stub_stream_hash(frames: int) -> str:
+    """The bot's hash of the stub's scripted frames, computed independently."""
+    value = 0xcbf29ce484222325
+    for n in range(frames):
+        data = struct.pack("<II", n, 3)
+        for payload in (bytes([n & 0xFF, ord("a")]), None if n % 3 == 0 else b"\x01\x02\x03", b""):
+            data += b"\xff" if payload is None else struct.pack("<H", len(payload)) + payload
+        events = {0: [(0, 0, "alice"), (0, 1, "b\u00f6b")], 7: [(1, 0, "alice")]}.get(n, [])
+        data += struct.pack("<I", len(events))
+        for kind, slot, name in events:
+            raw = name.encode()
+            data += struct.pack("<BIB", kind, slot, len(raw)) + raw
+        value = fnv1a(data, value)
+    return f"{value:016x}"
+
+
+def test_bot_hash_and_zero_allocation_against_the_scripted_library(csharp_build, stub_library):
+    result = run_mono(csharp_build / "Bot.exe", stub_library, "--server", "127.0.0.1:7777",
+                      "--room", "r\u00e9", "--player", "p", "--input-delay", "3", "--seconds", "20")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip())
+    assert report["errors"] == []
+    assert (report["frames"], report["first"], report["last"]) == (300, 0, 299)
+    assert report["final_frames"] == 300 and report["end_reason"] == "ended"
+    assert report["slot"] == 1 and report["inputs_sent"] > 290
+    assert report["hash"] == stub_stream_hash(300)
+    assert report["gc_counter"] == "allocated_bytes_for_current_thread"
+    assert report["gc_frames_measured"] == 270 and report["gc_bytes_per_frame"] == 0
 
 
 # ---- against a real relay -------------------------------------------------------------------

@@ -24,6 +24,27 @@ static class Bot
     const ulong FnvOffset = 0xcbf29ce484222325UL;
     const ulong FnvPrime = 0x100000001b3UL;
 
+    // Bytes allocated so far: GC.GetAllocatedBytesForCurrentThread where the runtime has it
+    // (mono, .NET Core 3+, .NET Standard 2.1; bound once by reflection to stay .NET Standard
+    // 2.0), else GC.GetTotalMemory(false), which does not see mono's nursery.
+    static Func<long> allocatedBytes;
+    static string allocationCounter;
+
+    static void BindAllocationCounter()
+    {
+        var method = typeof(GC).GetMethod("GetAllocatedBytesForCurrentThread", Type.EmptyTypes);
+        if (method != null)
+        {
+            allocatedBytes = (Func<long>)Delegate.CreateDelegate(typeof(Func<long>), method);
+            allocationCounter = "allocated_bytes_for_current_thread";
+        }
+        else
+        {
+            allocatedBytes = () => GC.GetTotalMemory(false);
+            allocationCounter = "total_memory";
+        }
+    }
+
     static ulong Mix(ulong hash, byte value)
     {
         return (hash ^ value) * FnvPrime;
@@ -149,7 +170,8 @@ static class Bot
 
         // Allocation tracking over the steady state (from frame 30 to the end of play).
         const int SteadyFrom = 30;
-        long gcMemoryBefore = 0, gcMemoryAfter = 0, gcFramesBefore = 0;
+        long gcMemoryBefore = 0, gcMemoryAfter = 0, gcFramesBefore = 0, gcExcluded = 0;
+        BindAllocationCounter();
         int gcCollectionsBefore = 0, gcCollectionsAfter = 0;
         bool steady = false;
 
@@ -181,6 +203,8 @@ static class Bot
                 }
                 client.Update(now);
 
+                // Events are the one allocating path (their strings): kept out of the count.
+                long beforeEvents = steady ? allocatedBytes() : 0;
                 RelayEvent ev;
                 while (client.PollEvent(out ev))
                 {
@@ -203,6 +227,8 @@ static class Bot
                             break;
                     }
                 }
+                if (steady)
+                    gcExcluded += allocatedBytes() - beforeEvents;
 
                 // Start of play: one input covers the frames up to the input delay.
                 if (!playing && !o.Spectator && client.State == RelayState.Joined
@@ -273,7 +299,7 @@ static class Bot
                         steady = true;
                         gcFramesBefore = frames;
                         gcCollectionsBefore = GC.CollectionCount(0);
-                        gcMemoryBefore = GC.GetTotalMemory(false);
+                        gcMemoryBefore = allocatedBytes();
                     }
                 }
                 if (client.LastError != RelayError.Ok && errors.Count == 0)
@@ -293,7 +319,7 @@ static class Bot
 
             if (steady)
             {
-                gcMemoryAfter = GC.GetTotalMemory(false);
+                gcMemoryAfter = allocatedBytes();
                 gcCollectionsAfter = GC.CollectionCount(0);
             }
             finalFrames = client.FinalFrames;
@@ -342,7 +368,7 @@ static class Bot
         double bytesPerFrame = 0.0;
         long measured = frames - gcFramesBefore;
         if (steady && measured > 0)
-            bytesPerFrame = Math.Max(0L, gcMemoryAfter - gcMemoryBefore) / (double)measured;
+            bytesPerFrame = Math.Max(0L, gcMemoryAfter - gcMemoryBefore - gcExcluded) / (double)measured;
 
         var json = new StringBuilder();
         json.Append('{');
@@ -359,6 +385,7 @@ static class Bot
         Field(json, "inputs_sent", inputsSent.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
         Field(json, "gc_bytes_per_frame", bytesPerFrame.ToString("0.###", CultureInfo.InvariantCulture)); json.Append(", ");
         Field(json, "gc_collections", (gcCollectionsAfter - gcCollectionsBefore).ToString(CultureInfo.InvariantCulture)); json.Append(", ");
+        Field(json, "gc_counter", Quote(allocationCounter)); json.Append(", ");
         Field(json, "gc_frames_measured", measured.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
         json.Append("\"errors\": [");
         for (int i = 0; i < errors.Count; i++)
