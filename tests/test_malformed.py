@@ -86,6 +86,18 @@ def test_a_flood_of_duplicates_costs_no_memory_and_no_deliveries(live):
     assert received(live.server_events, 3) == [b"once"]
 
 
+def test_records_before_a_bad_record_are_applied_and_the_packet_is_not_acked(live):
+    # PROTOCOL.md section 10, step 4: the MESSAGE is delivered, the bad record ends the packet,
+    # and its seq is not marked received (the sender will offer the MESSAGE again).
+    feed(live, data(live, 4000, [message(3, 0, b"applied")]) + b"\xa0\x00")
+    assert live.server.drops == {"unknown_record_kind": 1}
+    feed(live, data(live, 4001, [message(3, 1, b"next")]))
+    header = decode_packet(live.server.datagrams_to_send(live.now + 1.0)[0][0])
+    assert header["ack"] == 4001 and header["ack_bits"] & 0b11 == 0b01     # 4000 not acked
+    live.run(0.01)
+    assert received(live.server_events, 3)[:2] == [b"applied", b"next"]
+
+
 def test_session_keeps_delivering_after_garbage(live):
     for reason, make in CASES.items():
         if reason != "unknown_peer":
