@@ -38,6 +38,7 @@ typedef struct rc_conn_config {
     uint32_t redundancy_loss_memory;/* 128 */
     double reorder_tolerance;       /* 0.005 */
     double send_rate;               /* pacing, bytes/s (2000000) */
+    uint32_t send_buffer;           /* payload bytes held per channel for queued/unacked messages (32768) */
 } rc_conn_config;
 
 void rc_conn_default_config(rc_conn_config *config);
@@ -105,5 +106,9 @@ rc_conn_state rc_conn_get_state(const rc_conn *conn);
 void rc_conn_get_stats(const rc_conn *conn, rc_conn_stats *stats);
 /* Messages queued or unacknowledged on a channel. */
 uint32_t rc_conn_pending(const rc_conn *conn, int channel);
+
+/* The session id from ACCEPT (0 before), and whether DATA/DISCONNECT/PATH are sealed. */
+uint32_t rc_conn_session_id(const rc_conn *conn);
+int rc_conn_is_sealed(const rc_conn *conn);
 
 #endif
