@@ -9,7 +9,6 @@
 #include "seqbuf.h"
 #include "wire.h"
 
-#include <math.h>
 #include <string.h>
 
 #define SENT_BUFFER 256u
@@ -284,12 +283,17 @@ rc_conn *rc_conn_init(void *memory, const rc_conn_config *config, const rc_conn_
 
 /* -- helpers ----------------------------------------------------------------------------- */
 
+/* floor() for the clock values here, without libm: x >= 0 truncates; others give 0. */
+static double floor_pos(double x)
+{
+    if (!(x >= 0) || x >= 1.8e19)
+        return 0.0;
+    return (double)(uint64_t)x;
+}
+
 static uint16_t ms16(double now)
 {
-    double ms = floor(now * 1000.0);
-    if (!(ms >= 0))
-        return 0;
-    return (uint16_t)(uint64_t)fmod(ms, 65536.0);
+    return (uint16_t)(uint64_t)floor_pos(now * 1000.0);
 }
 
 static void close_with(rc_conn *conn, const char *reason)
@@ -345,7 +349,7 @@ int rc_conn_connect(rc_conn *conn, uint32_t connect_id, const uint8_t *token_pri
                     size_t token_length, const uint8_t client_key[32],
                     const uint8_t server_key[32], double now)
 {
-    double ad_ms = floor(conn->config.ack_delay * 1000.0 + 0.5);
+    double ad_ms = floor_pos(conn->config.ack_delay * 1000.0 + 0.5);
     if (!conn || connect_id == 0)
         return -1;
     if (ad_ms > 65535)
@@ -856,7 +860,7 @@ static size_t build_data(rc_conn *conn, uint8_t *out, double now)
     h.send_time = ms16(now);
     h.echo_time = 0;
     if (conn->have_received) {
-        double held = floor((now - conn->ack_arrival) * 1000.0);
+        double held = floor_pos((now - conn->ack_arrival) * 1000.0);
         if (held < 0)
             held = 0;
         if (held > 60000)
