@@ -238,8 +238,8 @@ class RelayClient:
         return count
 
     def send_input(self, frame: int, payload: bytes) -> bool:
-        """Queue our input for ``frame``; it goes out with the next datagram, repeated in every
-        datagram until acknowledged (redundant channel)."""
+        """Queue our input for ``frame``; it goes out with the next datagram on the redundant
+        channel, which repeats it while the link is losing packets until it is acknowledged."""
         if not self._live():
             return False
         sent = self.endpoint.send(self.peer_id, STREAM, Input(frame, payload, self.have).encode())
