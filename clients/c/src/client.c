@@ -442,6 +442,10 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
         client->frames_duplicate += count;
         return;
     }
+    /* Frames new to the store (counted before the runs it covers are dropped). */
+    for (number = first > client->next ? first : client->next; number < end; number++)
+        if (!frame_held(client, number))
+            fresh++;
     /* Drop the runs this block covers (from the first frame still needed). */
     k = 0;
     while (k < client->segment_count) {
@@ -480,13 +484,8 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
         client->datagrams_dropped++;
         return;
     }
-    for (number = first; number < end; number++) {
-        if (frame_held(client, number) || number < client->next)
-            client->frames_duplicate++;
-        else
-            fresh++;
-    }
     client->frames_received += fresh;
+    client->frames_duplicate += count - fresh;
     client->blocks_received++;
     {
         rc_segment *segment = &client->segments[client->segment_count++];
