@@ -323,7 +323,8 @@ static class Bot
                 gcCollectionsAfter = GC.CollectionCount(0);
             }
             finalFrames = client.FinalFrames;
-            if (client.RoomState == RelayRoomState.Ended && last + 1 != finalFrames)
+            // A spectator gets no frames after the end (docs/RELAY_PROTOCOL.md section 11).
+            if (client.RoomState == RelayRoomState.Ended && !o.Spectator && last + 1 != finalFrames)
                 errors.Add("room ended with " + finalFrames + " frames, took " + (last + 1));
 
             // Leave and let the LEAVE and DISCONNECT go out.
