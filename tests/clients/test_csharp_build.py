@@ -283,3 +283,24 @@ def test_two_csharp_bots_and_a_spectator_play_a_room_to_its_end(csharp_build, c_
     assert spectator["frames"] <= spectator["final_frames"] == players[0]["final_frames"], details
     assert spectator["inputs_sent"] == 0, details
     assert sorted(r["slot"] for r in reports) == [-1, 0, 1], details
+
+
+def test_a_csharp_bot_reconnects_from_a_new_port_without_gap_or_duplicate(csharp_build, c_build,
+                                                                             relay_server):
+    port, base = relay_server
+    room = f"cs-re-{os.getpid()}"
+    steady = start_bot(csharp_build, c_build, port, room, "alice", "--seconds", "30")
+    moving = start_bot(csharp_build, c_build, port, room, "bob", "--seconds", "30",
+                       "--reconnect-at", "2.5")
+    time.sleep(6.0)
+    request = urllib.request.Request(f"{base}/rooms/{room}", method="DELETE")
+    urllib.request.urlopen(request, timeout=5).read()
+    reports = [finish_bot(steady), finish_bot(moving)]
+    details = json.dumps(reports, indent=1)
+    for report in reports:
+        assert report["_exit"] == 0 and report["errors"] == [], details
+        assert report["end_reason"] == "ended", details
+        assert report["gaps"] == 0 and report["duplicates"] == 0, details
+        assert report["frames"] == report["final_frames"] > 100, details
+        assert report["gc_bytes_per_frame"] == 0, details
+    assert reports[0]["hash"] == reports[1]["hash"], details

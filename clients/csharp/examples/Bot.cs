@@ -198,8 +198,11 @@ static class Bot
                 if (o.ReconnectAt >= 0 && !reconnected && now >= start + o.ReconnectAt)
                 {
                     reconnected = true;
+                    long beforeReconnect = steady ? allocatedBytes() : 0;
                     client.Reopen();
                     client.Reconnect(o.ReconnectToken, now);
+                    if (steady)     // a rare call (and the first call of its entry points)
+                        gcExcluded += allocatedBytes() - beforeReconnect;
                 }
                 client.Update(now);
 
