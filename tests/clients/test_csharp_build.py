@@ -168,7 +168,7 @@ def stub_stream_hash(frames: int) -> str:
     for n in range(frames):
         data = struct.pack("<II", n, 3)
         for payload in (bytes([n & 0xFF, ord("a")]), None if n % 3 == 0 else b"\x01\x02\x03", b""):
-            data += b"\xff" if payload is None else struct.pack("<H", len(payload)) + payload
+            data += b"\xff" if payload is None else struct.pack("<BH", 1, len(payload)) + payload
         events = {0: [(0, 0, "alice"), (0, 1, "b\u00f6b")], 7: [(1, 0, "alice")]}.get(n, [])
         data += struct.pack("<I", len(events))
         for kind, slot, name in events:

@@ -35,14 +35,14 @@ TOKEN_KEY = bytes(range(32))
 
 def frame_hash_update(state: int, frame) -> int:
     """The hash every client prints (relay_player.c's comment defines it): FNV-1a 64 over, per
-    frame, u32 number, u32 slot count; per slot 0xFF if nil else u16 length + bytes; u32 event
-    count; per event u8 kind, u32 slot, u8 name length + name; little-endian throughout."""
+    frame, u32 number, u32 slot count; per slot 0xFF if nil else 0x01, u16 length, bytes; u32
+    event count; per event u8 kind, u32 slot, u8 name length + name; little-endian throughout."""
     data = bytearray(struct.pack("<II", frame.number, len(frame.inputs)))
     for payload in frame.inputs:
         if payload is None:
             data.append(0xFF)
         else:
-            data += struct.pack("<H", len(payload)) + payload
+            data += struct.pack("<BH", 1, len(payload)) + payload
     data += struct.pack("<I", len(frame.events))
     for kind, slot, name in frame.events:
         encoded = name.encode()

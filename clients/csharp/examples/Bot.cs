@@ -5,7 +5,7 @@
 //    "hash":"<hex>", "final_frames":..., "end_reason":..., "errors":[...],
 //    "gc_bytes_per_frame":..., ...}
 // The hash is a running 64-bit FNV-1a over each frame taken:
-//   u32 number LE, u32 slot count LE; per slot 0xFF if nil else u16 length LE + bytes;
+//   u32 number LE, u32 slot count LE; per slot 0xFF if nil else 0x01, u16 length LE, bytes;
 //   u32 event count LE; per event u8 kind, u32 slot LE, u8 name length, name bytes.
 // Exit status 0 only without errors.
 //
@@ -272,6 +272,7 @@ static class Bot
                         }
                         else
                         {
+                            hash = Mix(hash, 0x01);
                             hash = MixU16(hash, (uint)length);
                             hash = MixBytes(hash, buffer, length);
                         }
