@@ -277,7 +277,9 @@ RELAY_API uint32_t relay_client_final_frames(const relay_client_t *client);
 /* Our slot (-1: spectator or not joined). */
 RELAY_API int32_t relay_client_slot(const relay_client_t *client);
 /* 1 once the room has ended and every frame it produced was taken, or the connection is
- * gone with no frame left to take: the game can stop. */
+ * gone with no frame left to take: the game can stop. A spectator may never get the last
+ * frames its delay held back (RELAY_PROTOCOL 11): it is also finished once the room has ended,
+ * the next frame is not there and no frame has arrived for 2 s. */
 RELAY_API int relay_client_finished(const relay_client_t *client);
 
 /* ---- socket driver --------------------------------------------------------------------------- */

@@ -54,6 +54,7 @@ void relay_client_default_config(relay_client_config_t *config)
     config->event_queue = 256;
 }
 
+#define SPECTATOR_GRACE 2.0           /* s: see relay_client_finished */
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
 #define SCRATCH_EXTRA 256             /* INPUT header, or a JOIN with two 64-byte names */
 
@@ -412,6 +413,7 @@ static void store_live(relay_client_t *client, const uint8_t *data, size_t lengt
         client->live_frames_dropped++;
         return;
     }
+    client->stored_at = client->now;
     memcpy(client->ring + offset, data, length);
     entry = live_at(client, client->live_count);
     entry->number = number;
@@ -487,6 +489,28 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
     client->frames_received += fresh;
     client->frames_duplicate += count - fresh;
     client->blocks_received++;
+    client->stored_at = client->now;
+    /* A block continuing the last run (the relay splits a long history into consecutive
+     * blocks) extends it: its frames move down over the block's header, so a long history
+     * takes one run however many blocks it came in. */
+    if (client->segment_count > 0) {
+        rc_segment *last = &client->segments[client->segment_count - 1];
+        if (last->limit == used && first <= last->end && end > last->end) {
+            size_t position = used + offset;
+            for (number = first; number < last->end; number++) {
+                const uint8_t *frame;
+                size_t frame_length;
+                if (rf_history_next(client->history, used + produced, &position, &frame,
+                                    &frame_length) != RF_OK)
+                    return;      /* parsed above: cannot happen */
+            }
+            memmove(client->history + used, client->history + position, used + produced - position);
+            last->end = end;
+            last->limit = used + (used + produced - position);
+            client->history_used = last->limit;
+            return;
+        }
+    }
     {
         rc_segment *segment = &client->segments[client->segment_count++];
         segment->first = first;
@@ -541,6 +565,7 @@ static void on_relay_message(relay_client_t *client, const uint8_t *data, size_t
         client->room_state = room_state_of(m.state);
         if (m.state == RM_STATE_ENDED) {
             client->final_frames = m.frame;
+            client->ended_at = client->now;
             if (client->state == RELAY_STATE_JOINED)
                 client->state = RELAY_STATE_CONNECTED;     /* no longer in a room */
         }
@@ -699,6 +724,7 @@ int relay_client_connect(relay_client_t *client, const char *room, const char *p
     client->room_state = RELAY_ROOM_NONE;
     client->final_frames = 0;
     client->broken = 0;
+    client->ended_at = client->stored_at = now;
     client->last_input_frame = -1;
     client->advice_valid = 0;
     return start_connection(client, now);
@@ -1061,11 +1087,14 @@ int relay_client_finished(const relay_client_t *client)
     if (client->broken)
         return 1;
     if (client->room_state == RELAY_ROOM_ENDED) {
-        /* A spectator never gets the last spectator_delay frames (RELAY_PROTOCOL 11): after
-         * "ended" it has everything it will get. */
-        if (client->spectator)
-            return !frame_held(client, client->next);
-        return client->next >= client->final_frames;
+        double quiet = client->now - (client->stored_at > client->ended_at ? client->stored_at
+                                                                             : client->ended_at);
+        if (client->next >= client->final_frames)
+            return 1;
+        /* A spectator may never get the frames its delay held back (RELAY_PROTOCOL 11; this
+         * relay sends them with the end, on STREAM, so they can come just after ROOM_STATE):
+         * it is done when nothing more arrives for SPECTATOR_GRACE seconds after the end. */
+        return client->spectator && !frame_held(client, client->next) && quiet >= SPECTATOR_GRACE;
     }
     if (client->state == RELAY_STATE_IDLE)
         return !frame_held(client, client->next);

@@ -302,6 +302,16 @@ static void test_bounds_and_reconnect(void)
     CHECK(taken_total == 200);
     relay_client_destroy(c);
 
+    /* a long history in many consecutive blocks, none taken yet: one run, nothing dropped */
+    c = make_client(8, 1024, 1 << 20);
+    for (n = 0; n < 30; n++)
+        deliver_block(c, n * 20, n * 20 + 20 + (n % 3 == 0 ? 5 : 0));
+    CHECK(c->segment_count == 1);
+    CHECK(relay_client_have(c) == 599);
+    take(c, 1000);
+    CHECK(taken_total == 600);
+    relay_client_destroy(c);
+
     /* a block that does not fit the history buffer is dropped, nothing else lost */
     c = make_client(8, 1024, 2048);
     deliver_block(c, 0, 50);
