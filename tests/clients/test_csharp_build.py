@@ -207,10 +207,29 @@ def relay_command() -> list:
 
 @pytest.fixture
 def relay_server(tmp_path):
+    yield from serve_relay(tmp_path, {})
+
+
+@pytest.fixture
+def token_relay(tmp_path):
+    """A relay in token mode; yields (udp port, http base, key as ID:BASE64)."""
+    key = subprocess.run(relay_command()[:-1] + ["token", "keygen", "--env"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    for port, base in serve_relay(tmp_path, {"RELAY_SECURITY_MODE": "token", "RELAY_SECURITY_KEYS": key}):
+        yield port, base, key
+
+
+def mint(key: str, room: str, player: str) -> str:
+    return subprocess.run(relay_command()[:-1] + ["token", "mint", "--room", room, "--player", player,
+                                                  "--key", key], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def serve_relay(tmp_path, extra_env):
     udp_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
     env = dict(os.environ, RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(udp_port),
                RELAY_SERVER_HTTP_HOST="127.0.0.1", RELAY_SERVER_HTTP_PORT=str(http_port),
-               RELAY_REPLAY_DIRECTORY=str(tmp_path))
+               RELAY_REPLAY_DIRECTORY=str(tmp_path), **extra_env)
     log = open(tmp_path / "relay.log", "w")
     process = subprocess.Popen(relay_command(), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{http_port}"
@@ -304,3 +323,36 @@ def test_a_csharp_bot_reconnects_from_a_new_port_without_gap_or_duplicate(csharp
         assert report["frames"] == report["final_frames"] > 100, details
         assert report["gc_bytes_per_frame"] == 0, details
     assert reports[0]["hash"] == reports[1]["hash"], details
+
+
+def test_csharp_bots_in_token_mode_including_a_reconnect_with_a_fresh_token(csharp_build, c_build,
+                                                                            token_relay):
+    port, base, key = token_relay
+    room = f"cs-tok-{os.getpid()}"
+    first = start_bot(csharp_build, c_build, port, room, "alice", "--seconds", "30",
+                      "--token", mint(key, room, "alice"))
+    # Room and player come from the token alone here.
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{c_build}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    second = subprocess.Popen(["mono", str(csharp_build / "Bot.exe"), "--server", f"127.0.0.1:{port}",
+                               "--token", mint(key, room, "bob"), "--seconds", "30",
+                               "--reconnect-at", "2.5", "--reconnect-token", mint(key, room, "bob")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6.0)
+    request = urllib.request.Request(f"{base}/rooms/{room}", method="DELETE")
+    urllib.request.urlopen(request, timeout=5).read()
+    reports = [finish_bot(first), finish_bot(second)]
+    details = json.dumps(reports, indent=1)
+    for report in reports:
+        assert report["_exit"] == 0 and report["errors"] == [], details
+        assert report["end_reason"] == "ended", details
+        assert report["gaps"] == 0 and report["duplicates"] == 0, details
+        assert report["frames"] == report["final_frames"] > 100, details
+    assert reports[0]["hash"] == reports[1]["hash"], details
+
+
+def test_a_token_refused_by_an_open_relay_is_reported_with_exit_1(csharp_build, c_build, relay_server):
+    port, _ = relay_server
+    bot = start_bot(csharp_build, c_build, port, "r", "p", "--seconds", "5", "--token", "rt1.not-a-token")
+    report = finish_bot(bot)
+    assert report["_exit"] == 1 and report["frames"] == 0, report
+    assert report["errors"], report
