@@ -18,6 +18,7 @@ static void count_unit(void *context, int channel, uint16_t msg_id)
 
 static rc_out_msg msgs[32];
 static uint8_t bytes[256];
+static const uint8_t src[256];  /* message payloads (never the ring itself) */
 
 static void make(rc_send_channel *ch, int redundant, uint32_t window, uint32_t queue)
 {
@@ -72,9 +73,9 @@ static void test_write_stops_at_the_first_message_that_does_not_fit(void)
     uint16_t got[8];
     size_t end;
     make(&ch, 0, 8, 8);
-    rc_send_channel_queue(&ch, bytes, 10);
-    rc_send_channel_queue(&ch, bytes, 30);
-    rc_send_channel_queue(&ch, bytes, 2);
+    rc_send_channel_queue(&ch, src, 10);
+    rc_send_channel_queue(&ch, src, 30);
+    rc_send_channel_queue(&ch, src, 2);
     end = rc_send_channel_write(&ch, buf, 20, 60, 0.0, 0.2, 1, count_unit, NULL);
     CHECK(ids(buf, end, got) == 1 && got[0] == 0);
     end = rc_send_channel_write(&ch, buf, 20, 60, 0.0, 0.2, 2, count_unit, NULL);
@@ -114,9 +115,9 @@ static void test_copies_go_newest_first_within_the_budget_and_are_bounded(void)
     int i;
     make(&ch, 1, 16, 8);
     for (i = 0; i < 5; i++)
-        rc_send_channel_queue(&ch, bytes, 10);     /* record size 14 */
+        rc_send_channel_queue(&ch, src, 10);     /* record size 14 */
     rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.0, 0.2, 1, count_unit, NULL);
-    rc_send_channel_queue(&ch, bytes, 10);
+    rc_send_channel_queue(&ch, src, 10);
     end = rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.01, 0.2, 2, count_unit, NULL);
     end = rc_send_channel_write_copies(&ch, buf, end, sizeof buf, 3 * 14, 2, 4, 0.01, 1.0,
                                        count_unit, NULL);
@@ -136,7 +137,7 @@ static void test_ack_gap_resends_only_from_the_latest_carrier(void)
     rc_send_channel ch;
     uint8_t buf[1200];
     make(&ch, 1, 16, 8);
-    rc_send_channel_queue(&ch, bytes, 4);
+    rc_send_channel_queue(&ch, src, 4);
     rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.0, 0.2, 7, count_unit, NULL);
     rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 8, 4, 0.0, 0.0, count_unit, NULL);
     rc_send_channel_on_lost(&ch, 0, 7, 0.1);       /* a later datagram (8) carried a copy */
@@ -154,16 +155,16 @@ static void test_byte_ring_wraps_and_refuses_when_full(void)
     int i;
     rc_send_channel_init(&ch, 0, 0, 16, 16, msgs, 32, bytes, 100, 3, 5.0);
     for (i = 0; i < 3; i++)
-        CHECK(rc_send_channel_queue(&ch, bytes, 30) == 0);
-    CHECK(rc_send_channel_queue(&ch, bytes, 30) == -1);
+        CHECK(rc_send_channel_queue(&ch, src, 30) == 0);
+    CHECK(rc_send_channel_queue(&ch, src, 30) == -1);
     rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.0, 0.2, 1, count_unit, NULL);
     rc_send_channel_on_ack(&ch, 0);
     CHECK(rc_send_channel_queue(&ch, (const uint8_t *)"0123456789012345678901234567", 28) == 0);
     CHECK(msgs[3].offset == 0);                    /* wrapped to the start */
-    CHECK(rc_send_channel_queue(&ch, bytes, 5) == -1);
+    CHECK(rc_send_channel_queue(&ch, src, 5) == -1);
     rc_send_channel_on_ack(&ch, 1);
     rc_send_channel_on_ack(&ch, 2);
-    CHECK(rc_send_channel_queue(&ch, bytes, 60) == 0);
+    CHECK(rc_send_channel_queue(&ch, src, 60) == 0);
 }
 
 /* -- receive -- */
@@ -197,7 +198,7 @@ static void test_receive_window_delivers_in_order_once(void)
     CHECK(delivered_count == 0);
     CHECK(rc_recv_channel_record(&ch, &limits, 8, 0, 0, 0, (const uint8_t *)"x", 1, deliver, NULL)
           == RC_DROP_MESSAGE_OUT_OF_WINDOW);
-    CHECK(rc_recv_channel_record(&ch, &limits, 3, 0, 0, 0, bytes, 30, deliver, NULL) == RC_DROP_REASSEMBLY_FULL);
+    CHECK(rc_recv_channel_record(&ch, &limits, 3, 0, 0, 0, src, 30, deliver, NULL) == RC_DROP_REASSEMBLY_FULL);
     CHECK(rc_recv_channel_record(&ch, &limits, 0, 0, 0, 0, (const uint8_t *)"a", 1, deliver, NULL) == RC_OK);
     CHECK(delivered_count == 3 && strcmp(delivered[0], "a") == 0 && strcmp(delivered[2], "c") == 0);
     CHECK(arena.charged == 0);
