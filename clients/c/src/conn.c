@@ -900,8 +900,8 @@ size_t rc_conn_next_datagram(rc_conn *conn, uint8_t *out, size_t cap, double now
     case RC_CHALLENGED:
         if (now < conn->next_handshake_send)
             return 0;
-        if (cap < 49 + RC_TOKEN_PRIVATE_MAX + 64)
-            return 0;
+        if (cap < (conn->hs.token_mode ? 49 + conn->hs.token_length : (size_t)RC_CONNECT_REQUEST_SIZE))
+            return 0;                               /* the longer of the two handshake packets */
         n = conn->state == RC_CONNECTING ? rc_handshake_request(&conn->hs, out)
                                          : rc_handshake_response(&conn->hs, out);
         conn->next_handshake_send = now + conn->config.connect_resend_interval;
