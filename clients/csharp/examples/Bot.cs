@@ -1,17 +1,40 @@
-// Bot.cs - a console player of the relay over the C# binding (the counterpart of
-// clients/c/examples/relay_player.c): connects with the socket driver, takes every frame in
-// order, sends one input per frame, and prints one JSON line at exit:
-//   {"player":..., "frames":N, "first":..., "last":..., "gaps":0, "duplicates":0,
-//    "hash":"<hex>", "final_frames":..., "end_reason":..., "errors":[...],
-//    "gc_bytes_per_frame":..., ...}
-// The hash is a running 64-bit FNV-1a over each frame taken:
-//   u32 number LE, u32 slot count LE; per slot 0xFF if nil else 0x01, u16 length LE, bytes;
-//   u32 event count LE; per event u8 kind, u32 slot LE, u8 name length, name bytes.
-// Exit status 0 only without errors.
+// Bot.cs - a console player of the relay over the C# binding: the C# counterpart of
+// clients/c/examples/relay_player.c, with the same options, input rule, frame hash and JSON
+// line, so that tests/clients can put C, C# and Python clients in one room and compare them.
+// It joins a room, plays, and prints ONE JSON line on stdout at exit:
 //
-// Usage: mono Bot.exe --server HOST:PORT --room R --player P [--seconds S] [--token T]
-//        [--reconnect-at S] [--reconnect-token T] [--spectator] [--input-delay N]
-//        mono Bot.exe --selftest     (struct sizes and offsets as JSON; no library needed)
+//   {"player": P, "slot": S, "frames": N, "first": 0, "last": N-1, "gaps": 0, "duplicates": 0,
+//    "hash": "<16 hex digits>", "final_frames": F or null, "end_reason": R, ...statistics,
+//    "gc_bytes_per_frame": 0, ..., "errors": [...]}
+//
+// Exit status 0 only if "errors" is empty.
+//
+//   mono Bot.exe --server HOST:PORT --room R --player P [--spectator] [--token TEXT]
+//                [--seconds S] [--input-delay N] [--auto-input-delay]
+//                [--reconnect-at SECONDS] [--reconnect-token TEXT] [--rebind-at SECONDS] [--leave]
+//   mono Bot.exe --selftest      (struct sizes and offsets as JSON; needs no native library)
+//
+// --seconds: stop after S seconds even if the room has not ended (end_reason "seconds");
+// --reconnect-at: a new connection from a new socket (Reopen + Reconnect), as after a crash,
+// with --reconnect-token as its token in token mode (tokens are single-use);
+// --rebind-at: a new local port under the same connection (address migration);
+// --leave: send LEAVE before disconnecting at the end.
+//
+// The input, sent every loop iteration while the room runs (the library sends one per frame):
+// 8 bytes, FNV-1a 32 of the player name (u32 LE; of "?" without a slot or a name), then the
+// number of frames taken when it was sent (u32 LE). The running hash is reported as the
+// checksum every 30 frames (players only), so a DESYNC is an error.
+//
+// "hash": FNV-1a 64 (offset basis 0xcbf29ce484222325, prime 0x100000001b3) over, for every
+// frame taken, in order:
+//   u32 LE frame number, u32 LE slot count,
+//   per slot: nil -> the byte 0xFF; an input -> the byte 0x01, u16 LE length, the bytes;
+//   u32 LE event count, per event: u8 kind code (join 0, leave 1, timeout 2, reconnect 3),
+//   u32 LE slot, u8 name length (UTF-8 bytes), the name.
+// (Synthesized marks are not hashed.) Printed as 16 lowercase hex digits.
+//
+// "gc_bytes_per_frame": managed bytes allocated per frame from frame 30 to the end of play,
+// event polling and reconnects excluded: 0 shows the per-frame path allocates nothing.
 using System;
 using System.Collections.Generic;
 using System.Globalization;
@@ -73,16 +96,19 @@ static class Bot
 
     class Options
     {
-        public string Host = "127.0.0.1";
-        public int Port = 7777;
+        public string Host;
+        public int Port;
         public string Room;
         public string Player;
-        public double Seconds = 10.0;
+        public double Seconds = 600.0;
         public string Token;
         public string ReconnectToken;
         public double ReconnectAt = -1.0;
+        public double RebindAt = -1.0;
         public bool Spectator;
-        public int InputDelay = 0;
+        public bool AutoInputDelay;
+        public bool Leave;
+        public int InputDelay = 2;
         public bool SelfTest;
     }
 
@@ -96,9 +122,10 @@ static class Bot
         catch (ArgumentException error)
         {
             Console.Error.WriteLine("Bot: " + error.Message);
-            Console.Error.WriteLine("usage: Bot.exe --server HOST:PORT --room R --player P [--seconds S] "
-                                    + "[--token T] [--reconnect-at S] [--reconnect-token T] [--spectator] "
-                                    + "[--input-delay N] | --selftest");
+            Console.Error.WriteLine("usage: Bot.exe --server HOST:PORT --room R --player P [--spectator] "
+                                    + "[--token TEXT] [--seconds S] [--input-delay N] [--auto-input-delay] "
+                                    + "[--reconnect-at S] [--reconnect-token TEXT] [--rebind-at S] [--leave] "
+                                    + "| --selftest");
             return 2;
         }
         if (options.SelfTest)
@@ -131,8 +158,6 @@ static class Bot
                     if (colon < 0 || !int.TryParse(text.Substring(colon + 1), out port) || port <= 0 || port > 65535)
                         throw new ArgumentException("--server " + text + ": expected HOST:PORT");
                     o.Host = text.Substring(0, colon).Trim('[', ']');
-                    if (o.Host.Length == 0)
-                        o.Host = "127.0.0.1";
                     o.Port = port;
                     break;
                 }
@@ -142,68 +167,116 @@ static class Bot
                 case "--token": o.Token = next(); break;
                 case "--reconnect-token": o.ReconnectToken = next(); break;
                 case "--reconnect-at": o.ReconnectAt = double.Parse(next(), CultureInfo.InvariantCulture); break;
+                case "--rebind-at": o.RebindAt = double.Parse(next(), CultureInfo.InvariantCulture); break;
                 case "--input-delay": o.InputDelay = int.Parse(next(), CultureInfo.InvariantCulture); break;
+                case "--auto-input-delay": o.AutoInputDelay = true; break;
+                case "--leave": o.Leave = true; break;
                 case "--spectator": o.Spectator = true; break;
                 case "--selftest": o.SelfTest = true; break;
                 default: throw new ArgumentException("unknown argument " + a);
             }
         }
-        if (!o.SelfTest && o.Token == null && (o.Room == null || o.Player == null))
+        if (o.SelfTest)
+            return o;
+        if (o.Host == null)
+            throw new ArgumentException("--server HOST:PORT is required");
+        if (o.Token == null && (o.Room == null || o.Player == null))
             throw new ArgumentException("--room and --player are required without --token");
+        if (o.InputDelay < 1)
+            throw new ArgumentException("--input-delay must be at least 1");
         return o;
+    }
+
+    const int MaxErrors = 16;
+
+    static void AddError(List<string> errors, string kind, string detail)
+    {
+        if (errors.Count < MaxErrors)
+            errors.Add(detail == null ? kind : kind + ":" + detail);
+    }
+
+    static uint Fnv32(byte[] text)
+    {
+        uint h = 0x811c9dc5u;
+        foreach (byte b in text)
+        {
+            h ^= b;
+            h *= 0x01000193u;
+        }
+        return h;
     }
 
     static int Play(Options o)
     {
         var errors = new List<string>();
-        string endReason = "deadline";
+        string endReason = "";
         long frames = 0, gaps = 0, duplicates = 0;
         long first = -1, last = -1;
-        long expected = 0;
         ulong hash = FnvOffset;
-        uint finalFrames = 0;
-        int slot = -1;
         long inputsSent = 0;
         var input = new byte[8];
-        var buffer = new byte[4096];
+        var buffer = new byte[65536];     // any input (its length is a u16)
         var name = new byte[256];
+        uint whoPlayer = Fnv32(Encoding.UTF8.GetBytes(o.Player ?? "?"));
+        uint whoUnknown = Fnv32(Encoding.UTF8.GetBytes("?"));
+        string label = o.Player ?? "?";
 
         // Allocation tracking over the steady state (from frame 30 to the end of play).
         const int SteadyFrom = 30;
         long gcMemoryBefore = 0, gcMemoryAfter = 0, gcFramesBefore = 0, gcExcluded = 0;
-        BindAllocationCounter();
         int gcCollectionsBefore = 0, gcCollectionsAfter = 0;
         bool steady = false;
+        BindAllocationCounter();
 
-        RelayClient client = null;
+        RelayClient client;
         try
         {
             var config = RelayClientConfig.Default;
-            if (o.InputDelay > 0)
-                config.InputDelay = (uint)o.InputDelay;
+            config.InputDelay = (uint)o.InputDelay;
+            config.AutoInputDelay = o.AutoInputDelay ? 1 : 0;
+            config.MaxBlockSize = 32u * 1024 * 1024;
             client = RelayClient.Create(config);
-            client.Open(o.Host, o.Port);
-            double start = RelayClient.Time;
-            double deadline = start + o.Seconds;
-            client.Connect(o.Room, o.Player, o.Spectator, o.Token, start);
-            bool reconnected = false;
-            bool playing = false;       // inputs flowing (room running, we are a player)
-            bool done = false;
+        }
+        catch (Exception error)     // RelayException, DllNotFoundException, EntryPointNotFoundException
+        {
+            Console.Error.WriteLine("Bot: cannot create the client: " + error.Message);
+            return 1;
+        }
 
-            while (!done)
+        int slot = -1, inputDelay = 0;
+        uint finalFrames = 0;
+        bool ended = false;
+        RelayStats stats = default(RelayStats);
+        try
+        {
+            double start = RelayClient.Time;
+            bool stopping = false;
+            try
+            {
+                client.Open(o.Host, o.Port);
+            }
+            catch (RelayException)
+            {
+                AddError(errors, "socket", o.Host);
+                stopping = true;
+            }
+            if (!stopping)
+            {
+                try
+                {
+                    client.Connect(o.Room, o.Player, o.Spectator, o.Token, start);
+                }
+                catch (RelayException error)
+                {
+                    AddError(errors, "connect", error.Code == RelayError.Token ? "token" : "invalid");
+                    stopping = true;
+                }
+            }
+            double rebindAt = o.RebindAt, reconnectAt = o.ReconnectAt;
+
+            while (!stopping)
             {
                 double now = RelayClient.Time;
-                if (now >= deadline)
-                    break;
-                if (o.ReconnectAt >= 0 && !reconnected && now >= start + o.ReconnectAt)
-                {
-                    reconnected = true;
-                    long beforeReconnect = steady ? allocatedBytes() : 0;
-                    client.Reopen();
-                    client.Reconnect(o.ReconnectToken, now);
-                    if (steady)     // a rare call (and the first call of its entry points)
-                        gcExcluded += allocatedBytes() - beforeReconnect;
-                }
                 client.Update(now);
 
                 // Events are the one allocating path (their strings): kept out of the count.
@@ -211,92 +284,50 @@ static class Bot
                 RelayEvent ev;
                 while (client.PollEvent(out ev))
                 {
-                    switch (ev.Type)
+                    Console.Error.WriteLine("[" + label + " " + (now - start).ToString("0.000", CultureInfo.InvariantCulture)
+                                            + "] event " + (int)ev.Type + " code=" + ev.Code + " text=" + ev.Text
+                                            + " frame=" + ev.Frame);
+                    if (ev.Type == RelayEventType.Refused)
                     {
-                        case RelayEventType.Welcome:
-                            slot = ev.Slot;
-                            break;
-                        case RelayEventType.Refused:
-                            errors.Add("refused: " + ev.Code + (ev.Text.Length > 0 ? " (" + ev.Text + ")" : ""));
-                            break;
-                        case RelayEventType.Desync:
-                            errors.Add("desync at frame " + ev.Frame + ": " + ev.Code + " " + ev.Text);
-                            break;
-                        case RelayEventType.Notice:
-                            errors.Add("notice: " + ev.Code + " " + ev.Text);
-                            break;
-                        case RelayEventType.Disconnected:
-                            endReason = ev.Code;
-                            break;
+                        AddError(errors, "refused", ev.Code);
+                        stopping = true;
+                    }
+                    else if (ev.Type == RelayEventType.Desync)
+                    {
+                        AddError(errors, "desync", ev.Frame.ToString(CultureInfo.InvariantCulture));
+                    }
+                    else if (ev.Type == RelayEventType.RoomState && ev.RoomState == RelayRoomState.Ended)
+                    {
+                        endReason = ev.Code;
+                    }
+                    else if (ev.Type == RelayEventType.Disconnected && client.RoomState != RelayRoomState.Ended)
+                    {
+                        if (ev.Code != "remote:shutdown")
+                            AddError(errors, "disconnected", ev.Code);
+                        endReason = "disconnected:" + ev.Code;
                     }
                 }
                 if (steady)
                     gcExcluded += allocatedBytes() - beforeEvents;
 
-                // Start of play: one input covers the frames up to the input delay.
-                if (!playing && !o.Spectator && client.State == RelayState.Joined
-                    && client.RoomState == RelayRoomState.Running)
-                {
-                    playing = true;
-                    if (SendInput(client, input, slot, inputsSent) > 0)
-                        inputsSent++;
-                }
-
                 RelayFrame frame;
                 while (client.NextFrame(out frame))
                 {
                     long number = frame.Number;
-                    if (number != expected)
+                    if (number != last + 1)
                     {
-                        if (number < expected)
-                        {
+                        if (number <= last)
                             duplicates++;
-                            continue;
-                        }
-                        gaps += number - expected;
+                        else
+                            gaps++;
                     }
-                    expected = number + 1;
                     if (first < 0)
                         first = number;
                     last = number;
                     frames++;
-
-                    hash = MixU32(hash, frame.Number);
-                    hash = MixU32(hash, (uint)frame.SlotCount);
-                    for (int s = 0; s < frame.SlotCount; s++)
-                    {
-                        int length = client.CopyInput(s, buffer);
-                        if (length < 0)
-                        {
-                            hash = Mix(hash, 0xFF);
-                        }
-                        else
-                        {
-                            hash = Mix(hash, 0x01);
-                            hash = MixU16(hash, (uint)length);
-                            hash = MixBytes(hash, buffer, length);
-                        }
-                    }
-                    hash = MixU32(hash, (uint)frame.EventCount);
-                    for (int e = 0; e < frame.EventCount; e++)
-                    {
-                        RelayFrameEvent fe;
-                        if (!client.FrameEvent(e, out fe))
-                            continue;
-                        int length = fe.CopyName(name);
-                        if (length < 0)
-                            length = 0;
-                        hash = Mix(hash, (byte)fe.Kind);
-                        hash = MixU32(hash, (uint)fe.Slot);
-                        hash = Mix(hash, (byte)length);
-                        hash = MixBytes(hash, name, length);
-                    }
-
-                    if (playing)
-                    {
-                        if (SendInput(client, input, slot, inputsSent) > 0)
-                            inputsSent++;
-                    }
+                    hash = HashFrame(client, ref frame, hash, buffer, name);
+                    if (!o.Spectator && frame.Number % 30 == 29)
+                        client.ReportChecksum(frame.Number, hash);
 
                     if (!steady && frames == SteadyFrom)
                     {
@@ -306,19 +337,70 @@ static class Bot
                         gcMemoryBefore = allocatedBytes();
                     }
                 }
-                if (client.LastError != RelayError.Ok && errors.Count == 0)
-                    errors.Add("frame stream broken: " + RelayException.CodeName((int)client.LastError));
-
-                if (client.Finished)
+                if (client.LastError != RelayError.Ok)
                 {
-                    done = true;
-                    if (client.RoomState == RelayRoomState.Ended)
-                        endReason = "ended";
+                    AddError(errors, "bad_frame", null);
                     break;
                 }
-                double wait = deadline - RelayClient.Time;
-                if (wait > 0)
-                    client.Wait(wait < 0.005 ? wait : 0.005);
+                if (!o.Spectator && client.RoomState == RelayRoomState.Running && client.State == RelayState.Joined)
+                {
+                    uint who = client.Slot >= 0 && o.Player != null ? whoPlayer : whoUnknown;
+                    uint taken = client.NextFrameNumber;
+                    for (int k = 0; k < 4; k++)
+                    {
+                        input[k] = (byte)(who >> (8 * k));
+                        input[4 + k] = (byte)(taken >> (8 * k));
+                    }
+                    int sent = client.SendInput(input, input.Length);
+                    if (sent > 0)
+                        inputsSent += sent;
+                }
+                client.Update(now);
+                if (client.Finished)
+                {
+                    if (endReason.Length == 0)
+                        endReason = "finished";
+                    break;
+                }
+                if (now - start >= o.Seconds)
+                {
+                    endReason = "seconds";
+                    break;
+                }
+                if (rebindAt >= 0 && now - start >= rebindAt)
+                {
+                    rebindAt = -1;
+                    long before = steady ? allocatedBytes() : 0;
+                    Console.Error.WriteLine("[" + label + "] rebind");
+                    try
+                    {
+                        client.Reopen();
+                    }
+                    catch (RelayException)
+                    {
+                        AddError(errors, "rebind", null);
+                    }
+                    if (steady)     // a rare call (and the first call of its entry point)
+                        gcExcluded += allocatedBytes() - before;
+                }
+                if (reconnectAt >= 0 && now - start >= reconnectAt)
+                {
+                    reconnectAt = -1;
+                    long before = steady ? allocatedBytes() : 0;
+                    Console.Error.WriteLine("[" + label + "] reconnect");
+                    try
+                    {
+                        client.Reopen();
+                        client.Reconnect(o.ReconnectToken, now);
+                    }
+                    catch (RelayException)
+                    {
+                        AddError(errors, "reconnect", null);
+                    }
+                    if (steady)
+                        gcExcluded += allocatedBytes() - before;
+                }
+                client.Wait(0.01);
             }
 
             if (steady)
@@ -326,72 +408,66 @@ static class Bot
                 gcMemoryAfter = allocatedBytes();
                 gcCollectionsAfter = GC.CollectionCount(0);
             }
-            finalFrames = client.FinalFrames;
-            // A spectator gets no frames after the end (docs/RELAY_PROTOCOL.md section 11).
-            if (client.RoomState == RelayRoomState.Ended && !o.Spectator && last + 1 != finalFrames)
-                errors.Add("room ended with " + finalFrames + " frames, took " + (last + 1));
 
-            // Leave and let the LEAVE and DISCONNECT go out.
+            // Say goodbye: LEAVE (with --leave) and DISCONNECT, pumped for at most a second.
+            double bye = RelayClient.Time;
             if (client.State != RelayState.Idle)
             {
-                double now = RelayClient.Time;
-                client.Leave(now);
-                double flushUntil = now + 0.5;
-                while (client.State != RelayState.Idle && RelayClient.Time < flushUntil)
+                if (o.Leave)
+                    client.Leave(bye);
+                else
+                    client.Disconnect(bye);
+                while (client.State != RelayState.Idle && RelayClient.Time - bye < 1.0)
                 {
                     client.Update(RelayClient.Time);
                     client.Wait(0.01);
                 }
-                client.Update(RelayClient.Time);
             }
+            stats = client.Stats;
+            slot = client.Slot;
+            inputDelay = client.InputDelay;
+            ended = client.RoomState == RelayRoomState.Ended;
+            finalFrames = client.FinalFrames;
         }
         catch (RelayException error)
         {
-            errors.Add(error.Message);
-        }
-        catch (DllNotFoundException error)
-        {
-            errors.Add("native library not found: " + error.Message);
-        }
-        catch (EntryPointNotFoundException error)
-        {
-            errors.Add("native entry point missing: " + error.Message);
+            AddError(errors, "exception", error.Message);
         }
         finally
         {
-            if (client != null)
-                client.Dispose();
+            client.Dispose();
         }
 
-        if (frames == 0)
-            errors.Add("no frames");
-        if (gaps > 0)
-            errors.Add(gaps + " frames missing");
-        if (duplicates > 0)
-            errors.Add(duplicates + " frames duplicated");
-
         double bytesPerFrame = 0.0;
-        long measured = frames - gcFramesBefore;
-        if (steady && measured > 0)
+        long measured = steady ? frames - gcFramesBefore : 0;
+        if (measured > 0)
             bytesPerFrame = Math.Max(0L, gcMemoryAfter - gcMemoryBefore - gcExcluded) / (double)measured;
 
+        var inv = CultureInfo.InvariantCulture;
         var json = new StringBuilder();
         json.Append('{');
-        Field(json, "player", Quote(o.Player)); json.Append(", ");
-        Field(json, "slot", slot.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "frames", frames.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "first", first < 0 ? "null" : first.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "last", last < 0 ? "null" : last.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "gaps", gaps.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "duplicates", duplicates.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "hash", Quote(hash.ToString("x16"))); json.Append(", ");
-        Field(json, "final_frames", finalFrames.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
+        Field(json, "player", Quote(o.Player ?? "")); json.Append(", ");
+        Field(json, "slot", slot.ToString(inv)); json.Append(", ");
+        Field(json, "frames", frames.ToString(inv)); json.Append(", ");
+        Field(json, "first", first.ToString(inv)); json.Append(", ");
+        Field(json, "last", last.ToString(inv)); json.Append(", ");
+        Field(json, "gaps", gaps.ToString(inv)); json.Append(", ");
+        Field(json, "duplicates", duplicates.ToString(inv)); json.Append(", ");
+        Field(json, "hash", Quote(hash.ToString("x16", inv))); json.Append(", ");
+        Field(json, "final_frames", ended ? finalFrames.ToString(inv) : "null"); json.Append(", ");
         Field(json, "end_reason", Quote(endReason)); json.Append(", ");
-        Field(json, "inputs_sent", inputsSent.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "gc_bytes_per_frame", bytesPerFrame.ToString("0.###", CultureInfo.InvariantCulture)); json.Append(", ");
-        Field(json, "gc_collections", (gcCollectionsAfter - gcCollectionsBefore).ToString(CultureInfo.InvariantCulture)); json.Append(", ");
+        Field(json, "input_delay", inputDelay.ToString(inv)); json.Append(", ");
+        Field(json, "frames_received", stats.FramesReceived.ToString(inv)); json.Append(", ");
+        Field(json, "frames_duplicate", stats.FramesDuplicate.ToString(inv)); json.Append(", ");
+        Field(json, "blocks_received", stats.BlocksReceived.ToString(inv)); json.Append(", ");
+        Field(json, "live_frames_dropped", stats.LiveFramesDropped.ToString(inv)); json.Append(", ");
+        Field(json, "datagrams_dropped", stats.DatagramsDropped.ToString(inv)); json.Append(", ");
+        Field(json, "rtt", stats.Rtt.ToString("0.0000", inv)); json.Append(", ");
+        Field(json, "inputs_sent", inputsSent.ToString(inv)); json.Append(", ");
+        Field(json, "gc_bytes_per_frame", bytesPerFrame.ToString("0.###", inv)); json.Append(", ");
+        Field(json, "gc_collections", (gcCollectionsAfter - gcCollectionsBefore).ToString(inv)); json.Append(", ");
         Field(json, "gc_counter", Quote(allocationCounter)); json.Append(", ");
-        Field(json, "gc_frames_measured", measured.ToString(CultureInfo.InvariantCulture)); json.Append(", ");
+        Field(json, "gc_frames_measured", measured.ToString(inv)); json.Append(", ");
         json.Append("\"errors\": [");
         for (int i = 0; i < errors.Count; i++)
         {
@@ -401,16 +477,42 @@ static class Bot
         }
         json.Append("]}");
         Console.WriteLine(json.ToString());
+        Console.Out.Flush();
         return errors.Count == 0 ? 0 : 1;
     }
 
-    // Our input: u32 slot LE, u32 sequence LE (the number of inputs sent before it).
-    static int SendInput(RelayClient client, byte[] input, int slot, long sequence)
+    static ulong HashFrame(RelayClient client, ref RelayFrame frame, ulong hash, byte[] buffer, byte[] name)
     {
-        uint s = (uint)slot, n = (uint)sequence;
-        input[0] = (byte)s; input[1] = (byte)(s >> 8); input[2] = (byte)(s >> 16); input[3] = (byte)(s >> 24);
-        input[4] = (byte)n; input[5] = (byte)(n >> 8); input[6] = (byte)(n >> 16); input[7] = (byte)(n >> 24);
-        return client.SendInput(input, input.Length);
+        hash = MixU32(hash, frame.Number);
+        hash = MixU32(hash, (uint)frame.SlotCount);
+        for (int s = 0; s < frame.SlotCount; s++)
+        {
+            int length = client.CopyInput(s, buffer);
+            if (length < 0)
+            {
+                hash = Mix(hash, 0xFF);
+            }
+            else
+            {
+                hash = Mix(hash, 0x01);
+                hash = MixU16(hash, (uint)length);
+                hash = MixBytes(hash, buffer, length);
+            }
+        }
+        hash = MixU32(hash, (uint)frame.EventCount);
+        for (int e = 0; e < frame.EventCount; e++)
+        {
+            RelayFrameEvent fe;
+            client.FrameEvent(e, out fe);
+            int length = fe.CopyName(name);
+            if (length < 0)
+                length = 0;
+            hash = Mix(hash, (byte)fe.Kind);
+            hash = MixU32(hash, (uint)fe.Slot);
+            hash = Mix(hash, (byte)length);
+            hash = MixBytes(hash, name, length);
+        }
+        return hash;
     }
 
     static void Field(StringBuilder json, string key, string value)
