@@ -274,8 +274,8 @@ void rc_recv_channel_reset(rc_recv_channel *ch, rc_arena *arena)
         rc_in_slot *s = &ch->slots[i];
         if (s->state == 1)
             rc_arena_free(arena, s->handle);
-        else if (s->state == 2 && s->partial.handle >= 0)
-            rc_arena_free(arena, s->partial.handle);
+        else if (s->state == 2)
+            rc_partial_release(&s->partial, arena);
         memset(s, 0, sizeof *s);
     }
     ch->expected = 0;
@@ -344,10 +344,8 @@ int rc_recv_channel_record(rc_recv_channel *ch, const rc_recv_limits *limits, ui
     {
         int complete = 0, drop;
         uint32_t total = 0, allowance;
-        if (s->state == 0) {
-            memset(&s->partial, 0, sizeof s->partial);
-            s->partial.handle = -1;
-        }
+        if (s->state == 0)
+            memset(&s->partial, 0, sizeof s->partial);     /* count 0: set up by the first */
         if (d == 0)
             allowance = arena->capacity - arena->charged;
         else

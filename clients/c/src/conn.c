@@ -16,10 +16,11 @@
 #define UNIT_CAPACITY 4096u
 #define ACK_WINDOW 32
 #define SCRATCH_SIZE (16384u + 64u)
-#define ARENA_SLACK 16384u                  /* room for the largest fragment's rounding */
+#define ARENA_SLACK 32768u                  /* the largest fragment twice: rounding up and an early last one */
 #define CONTROL_WINDOW 16u
 #define STREAM_WINDOW 64u
 #define SEND_BUFFER_DEFAULT 32768u
+#define ARENA_ENTRIES (2u * (CONTROL_WINDOW + STREAM_WINDOW))  /* a message and an early last fragment per slot */
 
 typedef struct sent_packet {
     double send_time;
@@ -190,7 +191,7 @@ static void plan(const rc_conn_config *c, layout *l)
         TAKE(send_bytes[i], c->send_buffer);
         TAKE(recv_slots[i], windows[i] * sizeof(rc_in_slot));
     }
-    TAKE(arena_entries, (CONTROL_WINDOW + STREAM_WINDOW) * sizeof(rc_arena_entry));
+    TAKE(arena_entries, ARENA_ENTRIES * sizeof(rc_arena_entry));
     TAKE(arena, c->reassembly_limit);
     TAKE(bitmap, RC_BLOCK_BITMAP_BYTES);
     TAKE(scratch, SCRATCH_SIZE);
@@ -270,7 +271,7 @@ rc_conn *rc_conn_init(void *memory, const rc_conn_config *config, const rc_conn_
         rc_recv_channel_init(&conn->recv[i], i, windows[i], (rc_in_slot *)(void *)(base + l.recv_slots[i]));
     }
     rc_arena_init(&conn->arena, base + l.arena, config->reassembly_limit,
-                  (rc_arena_entry *)(void *)(base + l.arena_entries), CONTROL_WINDOW + STREAM_WINDOW);
+                  (rc_arena_entry *)(void *)(base + l.arena_entries), ARENA_ENTRIES);
     conn->limits.arena = &conn->arena;
     conn->limits.max_message_size = config->max_message_size;
     conn->limits.hold_limit = config->reassembly_limit - config->max_message_size - ARENA_SLACK;

@@ -105,6 +105,18 @@ uint8_t *rc_arena_ptr(rc_arena *arena, int handle)
     return arena->data + arena->entries[handle].offset;
 }
 
+void rc_partial_release(rc_partial *partial, rc_arena *arena)
+{
+    if (partial->count == 0)
+        return;
+    if (partial->handle >= 0)
+        rc_arena_free(arena, partial->handle);
+    if (partial->tail_handle >= 0)
+        rc_arena_free(arena, partial->tail_handle);
+    memset(partial, 0, sizeof *partial);
+    partial->handle = partial->tail_handle = -1;
+}
+
 int rc_partial_add(rc_partial *partial, rc_arena *arena, uint8_t index, uint8_t count,
                    const uint8_t *data, size_t length, uint32_t max_message_size,
                    uint32_t allowance, int *complete, uint32_t *total_length)
@@ -112,39 +124,51 @@ int rc_partial_add(rc_partial *partial, rc_arena *arena, uint8_t index, uint8_t 
     int last = index == count - 1;
     *complete = 0;
     if (partial->count == 0) {
+        memset(partial, 0, sizeof *partial);
         partial->count = count;
-        partial->received = 0;
-        partial->fragment_size = 0;
-        partial->handle = -1;
-        memset(partial->bits, 0, sizeof partial->bits);
+        partial->handle = partial->tail_handle = -1;
     } else if (partial->count != count) {
         return RC_DROP_BAD_FRAGMENT;
     }
     if (partial->bits[index >> 3] & (1u << (index & 7)))
         return RC_OK;                               /* repeated fragment */
-    if (partial->fragment_size == 0) {
-        uint64_t reserve;
-        if (last) {
-            /* the layout is unknown until a non-last fragment arrives: offer it again later */
-            return length > max_message_size ? RC_DROP_MESSAGE_TOO_LARGE : RC_DROP_REASSEMBLY_FULL;
-        }
-        if (length == 0)
-            return RC_DROP_BAD_FRAGMENT;
-        if ((uint64_t)(count - 1) * length + 1 > max_message_size)
+    if (partial->fragment_size == 0 && last) {
+        /* the layout is unknown until a non-last fragment arrives: keep it aside */
+        if ((uint64_t)(count - 1) + length > max_message_size)
             return RC_DROP_MESSAGE_TOO_LARGE;
-        reserve = (uint64_t)count * length;
+        if (length > allowance)
+            return RC_DROP_REASSEMBLY_FULL;
+        partial->tail_handle = rc_arena_alloc(arena, (uint32_t)length);
+        if (partial->tail_handle < 0)
+            return RC_DROP_REASSEMBLY_FULL;
+        if (length)
+            memcpy(rc_arena_ptr(arena, partial->tail_handle), data, length);
+    } else if (partial->fragment_size == 0) {
+        uint64_t reserve = (uint64_t)count * length;
+        if (length == 0 || (partial->tail_handle >= 0 && partial->last_length > length))
+            return RC_DROP_BAD_FRAGMENT;
+        if ((uint64_t)(count - 1) * length + (partial->tail_handle >= 0 ? partial->last_length : 1)
+            > max_message_size)
+            return RC_DROP_MESSAGE_TOO_LARGE;
         if (reserve > allowance)
             return RC_DROP_REASSEMBLY_FULL;
         partial->handle = rc_arena_alloc(arena, (uint32_t)reserve);
         if (partial->handle < 0)
             return RC_DROP_REASSEMBLY_FULL;
         partial->fragment_size = (uint32_t)length;
+        if (partial->tail_handle >= 0) {
+            if (partial->last_length)
+                memcpy(rc_arena_ptr(arena, partial->handle) + (size_t)(count - 1) * length,
+                       rc_arena_ptr(arena, partial->tail_handle), partial->last_length);
+            rc_arena_free(arena, partial->tail_handle);
+            partial->tail_handle = -1;
+        }
     } else if (last ? length > partial->fragment_size : length != partial->fragment_size) {
         return RC_DROP_BAD_FRAGMENT;
     } else if (last && (uint64_t)(count - 1) * partial->fragment_size + length > max_message_size) {
         return RC_DROP_MESSAGE_TOO_LARGE;
     }
-    if (length)
+    if (partial->handle >= 0 && length)
         memcpy(rc_arena_ptr(arena, partial->handle) + (size_t)index * partial->fragment_size, data, length);
     if (last)
         partial->last_length = (uint32_t)length;

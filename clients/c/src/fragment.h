@@ -31,14 +31,21 @@ uint8_t *rc_arena_ptr(rc_arena *arena, int handle);
 
 /* A fragmented message being reassembled. Fragments are placed at index * fragment_size,
  * fragment_size being the length of the first non-last fragment seen (every sender cuts
- * messages into equal pieces, the last one shorter). */
+ * messages into equal pieces, the last one no longer; PROTOCOL 6.4). A last fragment that
+ * arrives before any other is kept in an allocation of its own until the layout is known.
+ * A non-last fragment of another length, or a last one longer than the others, is refused
+ * (bad_fragment). */
 typedef struct rc_partial {
     uint8_t count, received;
     uint32_t fragment_size;     /* 0: not known yet */
     uint32_t last_length;
-    int handle;
+    int handle;                 /* the message, count * fragment_size bytes */
+    int tail_handle;            /* the early last fragment, or -1 */
     uint8_t bits[32];
 } rc_partial;
+
+/* Releases what a partial message holds. */
+void rc_partial_release(rc_partial *partial, rc_arena *arena);
 
 /* PROTOCOL 12.5 FRAGMENT handling for one message. allowance: bytes the arena may grow by
  * for this message (budget). Returns 0 (stored or repeated), or a drop reason; sets

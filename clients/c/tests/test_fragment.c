@@ -19,11 +19,13 @@ static void test_fragments_in_any_order_join_in_index_order(void)
     uint32_t total;
     rc_arena_init(&arena, arena_bytes, sizeof arena_bytes, entries, 4);
     memset(&p, 0, sizeof p);
-    CHECK(rc_partial_add(&p, &arena, 2, 3, (const uint8_t *)"X", 1, 100, 100, &complete, &total)
-          == RC_DROP_REASSEMBLY_FULL);                   /* layout unknown: offered again */
-    CHECK(rc_partial_add(&p, &arena, 1, 3, (const uint8_t *)"def", 3, 100, 100, &complete, &total) == RC_OK && !complete);
-    CHECK(rc_partial_add(&p, &arena, 1, 3, (const uint8_t *)"def", 3, 100, 100, &complete, &total) == RC_OK && !complete);
     CHECK(rc_partial_add(&p, &arena, 2, 3, (const uint8_t *)"gh", 2, 100, 100, &complete, &total) == RC_OK && !complete);
+    CHECK(p.tail_handle >= 0 && arena.charged == 2);  /* kept aside: the layout is unknown */
+    CHECK(rc_partial_add(&p, &arena, 2, 3, (const uint8_t *)"gh", 2, 100, 100, &complete, &total) == RC_OK && !complete);
+    CHECK(rc_partial_add(&p, &arena, 1, 3, (const uint8_t *)"d", 1, 100, 100, &complete, &total) == RC_DROP_BAD_FRAGMENT);
+    CHECK(rc_partial_add(&p, &arena, 1, 3, (const uint8_t *)"def", 3, 100, 100, &complete, &total) == RC_OK && !complete);
+    CHECK(p.tail_handle < 0 && arena.charged == 9);
+    CHECK(rc_partial_add(&p, &arena, 1, 3, (const uint8_t *)"def", 3, 100, 100, &complete, &total) == RC_OK && !complete);
     CHECK(rc_partial_add(&p, &arena, 0, 4, (const uint8_t *)"abc", 3, 100, 100, &complete, &total) == RC_DROP_BAD_FRAGMENT);
     CHECK(rc_partial_add(&p, &arena, 0, 3, (const uint8_t *)"ab", 2, 100, 100, &complete, &total) == RC_DROP_BAD_FRAGMENT);
     CHECK(rc_partial_add(&p, &arena, 0, 3, (const uint8_t *)"abc", 3, 100, 100, &complete, &total) == RC_OK);
@@ -67,8 +69,25 @@ static void test_arena_compacts_to_find_room(void)
     CHECK(rc_arena_alloc(&arena, 1) < 0);
 }
 
+static void test_release_frees_both_allocations(void)
+{
+    rc_arena arena;
+    rc_partial p;
+    int complete;
+    uint32_t total;
+    rc_arena_init(&arena, arena_bytes, sizeof arena_bytes, entries, 4);
+    memset(&p, 0, sizeof p);
+    CHECK(rc_partial_add(&p, &arena, 4, 5, arena_bytes, 7, 1000, 1000, &complete, &total) == RC_OK);
+    CHECK(rc_partial_add(&p, &arena, 4, 5, arena_bytes, 7, 1000, 1000, &complete, &total) == RC_OK);
+    CHECK(arena.charged == 7);
+    rc_partial_release(&p, &arena);
+    CHECK(arena.charged == 0 && p.count == 0);
+    CHECK(rc_partial_add(&p, &arena, 4, 5, arena_bytes, 7, 1000, 5, &complete, &total) == RC_DROP_REASSEMBLY_FULL);
+}
+
 int main(void)
 {
+    test_release_frees_both_allocations();
     test_fragments_in_any_order_join_in_index_order();
     test_caps_message_too_large_and_budget();
     test_arena_compacts_to_find_room();
