@@ -135,8 +135,7 @@ int rc_conn_validate_config(const rc_conn_config *c)
         return -1;
     if (c->max_message_size < 1 || c->max_message_size > 255u * (c->mtu - 43))
         return -1;
-    if ((uint64_t)c->reassembly_limit < (uint64_t)c->max_message_size + ARENA_SLACK
-        || c->reassembly_limit > 0x40000000u)
+    if (c->reassembly_limit < c->max_message_size || c->reassembly_limit > 0x40000000u)
         return -1;
     if (c->max_block_size < 1 || c->max_block_size > 65535u * (c->mtu - 49))
         return -1;
@@ -169,6 +168,15 @@ static uint32_t pow2_at_least(uint32_t n)
 
 static const uint32_t windows[RC_CHANNEL_COUNT] = { CONTROL_WINDOW, STREAM_WINDOW };
 
+/* The reassembly arena: reassembly_limit bytes, and at least room for the message delivery
+ * waits on (never refused for the budget, PROTOCOL 12.5) with fragment rounding. Messages held
+ * ahead of it get what is left beyond that room (rc_recv_limits.hold_limit). */
+static uint32_t arena_size(const rc_conn_config *c)
+{
+    uint32_t least = c->max_message_size + ARENA_SLACK;
+    return c->reassembly_limit > least ? c->reassembly_limit : least;
+}
+
 typedef struct layout {
     size_t received_tags, sent_tags, sent_packets, units;
     size_t send_msgs[RC_CHANNEL_COUNT], send_bytes[RC_CHANNEL_COUNT], recv_slots[RC_CHANNEL_COUNT];
@@ -192,7 +200,7 @@ static void plan(const rc_conn_config *c, layout *l)
         TAKE(recv_slots[i], windows[i] * sizeof(rc_in_slot));
     }
     TAKE(arena_entries, ARENA_ENTRIES * sizeof(rc_arena_entry));
-    TAKE(arena, c->reassembly_limit);
+    TAKE(arena, arena_size(c));
     TAKE(bitmap, RC_BLOCK_BITMAP_BYTES);
     TAKE(scratch, SCRATCH_SIZE);
     TAKE(block, c->max_block_size);
@@ -270,11 +278,11 @@ rc_conn *rc_conn_init(void *memory, const rc_conn_config *config, const rc_conn_
                              config->rto_limit);
         rc_recv_channel_init(&conn->recv[i], i, windows[i], (rc_in_slot *)(void *)(base + l.recv_slots[i]));
     }
-    rc_arena_init(&conn->arena, base + l.arena, config->reassembly_limit,
+    rc_arena_init(&conn->arena, base + l.arena, arena_size(config),
                   (rc_arena_entry *)(void *)(base + l.arena_entries), ARENA_ENTRIES);
     conn->limits.arena = &conn->arena;
     conn->limits.max_message_size = config->max_message_size;
-    conn->limits.hold_limit = config->reassembly_limit - config->max_message_size - ARENA_SLACK;
+    conn->limits.hold_limit = arena_size(config) - config->max_message_size - ARENA_SLACK;
     rc_block_recv_init(&conn->block, base + l.block, config->max_block_size, base + l.bitmap);
     conn->scratch = base + l.scratch;
     conn->state = RC_CLOSED;
