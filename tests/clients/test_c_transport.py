@@ -74,13 +74,13 @@ class Harness:
     """One C client, one Python server, a link with latency and seeded loss each way."""
 
     def __init__(self, lib, config=None, loss=0.0, seed=1, latency=0.02, peer_timeout=0.0,
-                 token=None):
+                 token=None, jitter=0.0, duplicate=0.0):
         self.lib = lib
         self.server = Endpoint(config or server_config(), unix_offset=UNIX)
         self.conn = lib.rct_new(peer_timeout, 0, 0)
         assert self.conn
         self.rng = random.Random(seed)
-        self.loss, self.latency = loss, latency
+        self.loss, self.latency, self.jitter, self.duplicate = loss, latency, jitter, duplicate
         self.now = 0.0
         self.address = CLIENT_ADDRESS
         self.up: list = []                  # (time, order, bytes, address)
@@ -105,6 +105,13 @@ class Harness:
     def _lost(self):
         return self.loss > 0 and self.rng.random() < self.loss
 
+    def _push(self, queue, data, address):
+        """Queue a datagram with the link's latency and jitter (reordering); maybe twice."""
+        for _ in range(2 if self.duplicate and self.rng.random() < self.duplicate else 1):
+            self.order += 1
+            delay = self.latency + (self.rng.uniform(0, self.jitter) if self.jitter else 0.0)
+            heapq.heappush(queue, (self.now + delay, self.order, data, address))
+
     def step(self, dt=0.005):
         lib, now = self.lib, self.now
         lib.rct_handle_timeout(self.conn, now)
@@ -115,8 +122,7 @@ class Harness:
             data = self.buf.raw[:n]
             self.sent_up.append(data)
             if not self._lost():
-                self.order += 1
-                heapq.heappush(self.up, (now + self.latency, self.order, data, self.address))
+                self._push(self.up, data, self.address)
         else:
             raise AssertionError("rc_conn_next_datagram never ran dry")
         while self.up and self.up[0][0] <= now:
@@ -125,8 +131,7 @@ class Harness:
         self.server.handle_timeout(now)
         for data, _address in self.server.datagrams_to_send(now):
             if not self.server_silent and not self._lost():
-                self.order += 1
-                heapq.heappush(self.down, (now + self.latency, self.order, data, None))
+                self._push(self.down, data, None)
         while self.down and self.down[0][0] <= now:
             _, _, data, _ = heapq.heappop(self.down)
             if self.tamper_down is not None:
@@ -308,6 +313,26 @@ def test_exactly_once_in_order_under_random_loss(harness, loss, seed):
     assert h.state() == CONNECTED
     unexpected = {k: v for k, v in dict(h.server.drops).items() if v and k not in ("duplicate_packet", "stale_packet")}
     assert unexpected == {}
+
+
+def test_reordering_and_duplicating_link_still_delivers_once_in_order(harness):
+    h = harness(loss=0.05, seed=5, latency=0.01, jitter=0.04, duplicate=0.1)
+    h.connect()
+    up, down = payloads("u", 300), payloads("d", 300)
+    big = os.urandom(50_000)
+    for i in range(300):
+        assert h.send(i % 2, up[i]) == 0
+        assert h.server.send(h.peer, i % 2, down[i])
+        if i == 100:
+            assert h.server.send(h.peer, 1, big)
+        h.step(0.005)
+    assert h.run(20.0, lambda: len(h.s_messages(0)) + len(h.s_messages(1)) == 300
+                 and len(h.c_messages(0)) + len(h.c_messages(1)) == 301)
+    h.run(1.0)
+    assert h.s_messages(0) == up[0::2] and h.s_messages(1) == up[1::2]
+    assert h.c_messages(0) == down[0::2]
+    assert h.c_messages(1) == down[1:101:2] + [big] + down[101::2]
+    assert h.stats().datagrams_dropped > 0          # the network duplicates
 
 
 def test_token_mode_seals_both_ways_and_drops_tampering(harness):
