@@ -5,7 +5,7 @@
 #include <string.h>
 
 void rc_send_channel_init(rc_send_channel *ch, int id, int redundant, uint32_t window,
-                          uint32_t send_queue, rc_out_msg *msgs, uint32_t ring_entries,
+                          uint32_t send_queue, rc_out_msg *msgs,
                           uint8_t *bytes, uint32_t bytes_cap, uint32_t max_resends,
                           double rto_limit)
 {
@@ -14,7 +14,6 @@ void rc_send_channel_init(rc_send_channel *ch, int id, int redundant, uint32_t w
     ch->redundant = redundant;
     ch->window = window;
     ch->queue_limit = window + send_queue;
-    ch->ring_mask = ring_entries - 1;
     ch->msgs = msgs;
     ch->bytes = bytes;
     ch->bytes_cap = bytes_cap;
@@ -26,14 +25,16 @@ void rc_send_channel_init(rc_send_channel *ch, int id, int redundant, uint32_t w
 void rc_send_channel_reset(rc_send_channel *ch)
 {
     ch->oldest = ch->next_id = 0;
+    ch->head_slot = 0;
     ch->head = ch->tail = 0;
     ch->unsent = 0;
     ch->failed = 0;
 }
 
+/* Live ids are contiguous from oldest, so they sit in consecutive slots from head_slot. */
 static rc_out_msg *msg_at(const rc_send_channel *ch, uint16_t msg_id)
 {
-    return &ch->msgs[msg_id & ch->ring_mask];
+    return &ch->msgs[(ch->head_slot + (uint16_t)(msg_id - ch->oldest)) % ch->queue_limit];
 }
 
 uint32_t rc_send_channel_pending(const rc_send_channel *ch)
@@ -59,7 +60,7 @@ int rc_send_channel_queue(rc_send_channel *ch, const uint8_t *data, size_t lengt
 {
     long at;
     rc_out_msg *m;
-    if (rc_send_channel_pending(ch) >= ch->queue_limit || length > ch->bytes_cap)
+    if (rc_send_channel_pending(ch) >= ch->queue_limit || length > ch->bytes_cap || length > 0xFFFF)
         return -1;
     at = ring_reserve(ch, (uint32_t)length);
     if (at < 0)
@@ -67,7 +68,7 @@ int rc_send_channel_queue(rc_send_channel *ch, const uint8_t *data, size_t lengt
     m = msg_at(ch, ch->next_id);
     memset(m, 0, sizeof *m);
     m->offset = (uint32_t)at;
-    m->length = (uint32_t)length;
+    m->length = (uint16_t)length;
     m->needs_write = 1;
     if (length)
         memcpy(ch->bytes + at, data, length);
@@ -190,6 +191,7 @@ void rc_send_channel_on_ack(rc_send_channel *ch, uint16_t msg_id)
         m = msg_at(ch, ch->oldest);
         ch->head = m->offset + m->length;
         ch->oldest++;
+        ch->head_slot = (ch->head_slot + 1) % ch->queue_limit;
     }
     if (ch->oldest == ch->next_id)
         ch->head = ch->tail = 0;
@@ -208,7 +210,8 @@ void rc_send_channel_on_lost(rc_send_channel *ch, uint16_t msg_id, uint32_t stam
         return;
     m->needs_write = 1;
     ch->unsent++;
-    m->resends++;
+    if (m->resends < 0xFFFF)
+        m->resends++;
     ch->fast_resends++;
     if (m->resends > ch->max_resends)
         ch->failed = 1;
@@ -224,7 +227,8 @@ double rc_send_channel_expire(rc_send_channel *ch, double now)
         if (m->acked || !m->sent)
             continue;
         if (now >= m->deadline) {
-            m->resends++;
+            if (m->resends < 0xFFFF)
+                m->resends++;
             ch->resends++;
             m->rto *= 1.5;
             m->deadline = now + m->rto;

@@ -11,18 +11,19 @@
 #include "fragment.h"
 
 typedef struct rc_out_msg {
-    uint32_t offset, length;        /* payload in the channel's byte ring */
-    uint32_t stamp;                 /* latest datagram that carried it */
-    uint32_t resends;
     double rto, deadline, written_at;
+    uint32_t offset;                /* payload in the channel's byte ring */
+    uint32_t stamp;                 /* latest datagram that carried it */
+    uint16_t length;                /* <= max_send_size < 16384 */
+    uint16_t resends;               /* <= max_resends + 1 <= 10001 */
     uint8_t needs_write, sent, acked, copies;
 } rc_out_msg;
 
 typedef struct rc_send_channel {
     int id, redundant;
     uint32_t window;
-    uint32_t ring_mask;             /* msgs[] has ring_mask + 1 entries (>= window + queue) */
-    uint32_t queue_limit;           /* window + send_queue */
+    uint32_t queue_limit;           /* window + send_queue: msgs[] entries */
+    uint32_t head_slot;             /* msgs[] slot of the oldest live id; the rest follow */
     rc_out_msg *msgs;
     uint16_t oldest, next_id;       /* live ids: oldest .. next_id - 1 */
     uint8_t *bytes;
@@ -34,9 +35,9 @@ typedef struct rc_send_channel {
     uint64_t messages_sent, resends, fast_resends, redundant_bytes;
 } rc_send_channel;
 
-/* ring_entries: a power of two >= window + send_queue. */
+/* msgs: window + send_queue entries. */
 void rc_send_channel_init(rc_send_channel *ch, int id, int redundant, uint32_t window,
-                          uint32_t send_queue, rc_out_msg *msgs, uint32_t ring_entries,
+                          uint32_t send_queue, rc_out_msg *msgs,
                           uint8_t *bytes, uint32_t bytes_cap, uint32_t max_resends,
                           double rto_limit);
 void rc_send_channel_reset(rc_send_channel *ch);

@@ -158,14 +158,6 @@ int rc_conn_validate_config(const rc_conn_config *c)
     return 0;
 }
 
-static uint32_t pow2_at_least(uint32_t n)
-{
-    uint32_t p = 1;
-    while (p < n)
-        p <<= 1;
-    return p;
-}
-
 static const uint32_t windows[RC_CHANNEL_COUNT] = { CONTROL_WINDOW, STREAM_WINDOW };
 
 /* The reassembly arena: reassembly_limit bytes, and at least room for the message delivery
@@ -195,7 +187,7 @@ static void plan(const rc_conn_config *c, layout *l)
     TAKE(sent_packets, SENT_BUFFER * sizeof(sent_packet));
     TAKE(units, UNIT_CAPACITY * sizeof(uint32_t));
     for (i = 0; i < RC_CHANNEL_COUNT; i++) {
-        TAKE(send_msgs[i], pow2_at_least(windows[i] + c->send_queue) * sizeof(rc_out_msg));
+        TAKE(send_msgs[i], (windows[i] + c->send_queue) * sizeof(rc_out_msg));
         TAKE(send_bytes[i], c->send_buffer);
         TAKE(recv_slots[i], windows[i] * sizeof(rc_in_slot));
     }
@@ -271,9 +263,8 @@ rc_conn *rc_conn_init(void *memory, const rc_conn_config *config, const rc_conn_
     conn->sent_packets = (sent_packet *)(void *)(base + l.sent_packets);
     conn->units = (uint32_t *)(void *)(base + l.units);
     for (i = 0; i < RC_CHANNEL_COUNT; i++) {
-        uint32_t entries = pow2_at_least(windows[i] + config->send_queue);
         rc_send_channel_init(&conn->send[i], i, i == RC_STREAM, windows[i], config->send_queue,
-                             (rc_out_msg *)(void *)(base + l.send_msgs[i]), entries,
+                             (rc_out_msg *)(void *)(base + l.send_msgs[i]),
                              base + l.send_bytes[i], config->send_buffer, config->max_resends,
                              config->rto_limit);
         rc_recv_channel_init(&conn->recv[i], i, windows[i], (rc_in_slot *)(void *)(base + l.recv_slots[i]));

@@ -22,7 +22,7 @@ static const uint8_t src[256];  /* message payloads (never the ring itself) */
 
 static void make(rc_send_channel *ch, int redundant, uint32_t window, uint32_t queue)
 {
-    rc_send_channel_init(ch, 1, redundant, window, queue, msgs, 32, bytes, sizeof bytes, 3, 5.0);
+    rc_send_channel_init(ch, 1, redundant, window, queue, msgs, bytes, sizeof bytes, 3, 5.0);
 }
 
 /* The ids of the MESSAGE records in buf[20..end). */
@@ -153,7 +153,7 @@ static void test_byte_ring_wraps_and_refuses_when_full(void)
     rc_send_channel ch;
     uint8_t buf[1200];
     int i;
-    rc_send_channel_init(&ch, 0, 0, 16, 16, msgs, 32, bytes, 100, 3, 5.0);
+    rc_send_channel_init(&ch, 0, 0, 16, 16, msgs, bytes, 100, 3, 5.0);
     for (i = 0; i < 3; i++)
         CHECK(rc_send_channel_queue(&ch, src, 30) == 0);
     CHECK(rc_send_channel_queue(&ch, src, 30) == -1);
