@@ -39,18 +39,27 @@ def test_clang_build_is_warning_free():
                     "-DRELAY_CLIENT_TESTS=OFF")
 
 
-def test_receive_path_survives_bounded_fuzzing(tmp_path):
+FUZZ_TARGETS = {
+    # the transport: datagrams into a connected rc_conn, open and sealed
+    "fuzz_receive": "make_corpus.py",
+    # the relay layer: messages and blocks as the connection delivers them, frames taken
+    "fuzz_client": "make_client_corpus.py",
+}
+
+
+@pytest.mark.parametrize("target", sorted(FUZZ_TARGETS))
+def test_receive_path_survives_bounded_fuzzing(tmp_path, target):
     assert shutil.which("clang"), "clang is not installed (apt-get install clang)"
     build = build_c_library(BUILD_ROOT / "build-fuzz", "-DCMAKE_C_COMPILER=clang",
                             "-DRELAY_CLIENT_FUZZ=ON", "-DRELAY_CLIENT_TESTS=OFF",
                             "-DRELAY_CLIENT_WERROR=ON")
     corpus = tmp_path / "corpus"
-    subprocess.run([sys.executable, str(C_SOURCE / "fuzz" / "make_corpus.py"), str(corpus)],
+    subprocess.run([sys.executable, str(C_SOURCE / "fuzz" / FUZZ_TARGETS[target]), str(corpus)],
                    check=True)
     assert any(corpus.iterdir())
-    seconds = int(os.environ.get("RELAY_FUZZ_SECONDS", "45"))
+    seconds = int(os.environ.get("RELAY_FUZZ_SECONDS", "30"))
     result = subprocess.run(
-        [str(build / "fuzz_receive"), str(corpus), f"-max_total_time={seconds}",
+        [str(build / target), str(corpus), f"-max_total_time={seconds}",
          "-rss_limit_mb=1024", "-print_final_stats=1"],
         capture_output=True, text=True, timeout=seconds + 120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-6000:]
