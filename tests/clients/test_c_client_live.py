@@ -1,0 +1,106 @@
+"""The C client (clients/c/examples/relay_player.c) against a real relay: two players in one
+room for about 5 s, the room ended by the admin API; both exit 0 with every frame 0..N-1 once,
+the same hash, and that hash is the one computed here from the relay's replay of the room
+(relay.client.replay_frames), per the definition in relay_player.c."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from relay.client import replay_frames
+from relay.protocol import EVENT_KINDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def frames_hash(frames) -> str:
+    """relay_player's "hash": FNV-1a 64 over every frame as relay_player.c defines it."""
+    h = 0xCBF29CE484222325
+
+    def feed(data: bytes) -> None:
+        nonlocal h
+        for byte in data:
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+
+    for frame in frames:
+        feed(struct.pack("<II", frame.number, len(frame.inputs)))
+        for value in frame.inputs:
+            feed(b"\xff" if value is None else b"\x01" + struct.pack("<H", len(value)) + value)
+        feed(struct.pack("<I", len(frame.events)))
+        for kind, slot, player in frame.events:
+            name = player.encode()
+            feed(bytes([EVENT_KINDS.index(kind)]) + struct.pack("<I", slot) + bytes([len(name)]) + name)
+    return f"{h:016x}"
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def relay_server(tmp_path):
+    udp, http = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
+    env = dict(os.environ, RELAY_SERVER_UDP_PORT=str(udp), RELAY_SERVER_HTTP_PORT=str(http),
+               RELAY_REPLAY_DIRECTORY=str(tmp_path / "replays"))
+    log = tmp_path / "relay.log"
+    with open(log, "wb") as sink:     # a file, not a pipe: nobody reads the relay's log live
+        process = subprocess.Popen([sys.executable, "-c", "from relay.cli import main; main()",
+                                    "serve"], env=env, cwd=tmp_path, stdout=sink, stderr=sink)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=1).read()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"relay did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    yield udp, http, tmp_path / "replays"
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def test_two_c_players(c_build, relay_server):
+    udp, http, replays = relay_server
+    player = c_build / "relay_player"
+    players = [subprocess.Popen([str(player), "--server", f"127.0.0.1:{udp}", "--room", "c-live",
+                                 "--player", name, "--seconds", "30", "--leave"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name in ("alice", "bob")]
+    time.sleep(5)
+    request = urllib.request.Request(f"http://127.0.0.1:{http}/rooms/c-live", method="DELETE")
+    urllib.request.urlopen(request, timeout=5).read()
+    results = []
+    for process in players:
+        out, err = process.communicate(timeout=30)
+        assert process.returncode == 0, (out, err[-3000:])
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    for result in results:
+        assert result["errors"] == []
+        assert result["gaps"] == 0 and result["duplicates"] == 0
+        assert result["end_reason"] == "admin"
+        assert result["frames"] == result["final_frames"] > 60
+        assert result["first"] == 0 and result["last"] == result["frames"] - 1
+    assert results[0]["hash"] == results[1]["hash"]
+    assert {r["slot"] for r in results} == {0, 1}
+    # the hash is the replay's, computed by Python from relay.client frames
+    files = list(replays.glob("c-live-*.replay"))
+    assert len(files) == 1
+    frames = list(replay_frames(files[0]))
+    assert len(frames) == results[0]["frames"]
+    assert frames_hash(frames) == results[0]["hash"]
