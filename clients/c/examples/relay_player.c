@@ -10,11 +10,13 @@
  *
  *   relay_player --server HOST:PORT --room R --player P [--spectator] [--token TEXT]
  *                [--seconds S] [--input-delay N] [--auto-input-delay]
- *                [--reconnect-at SECONDS] [--rebind-at SECONDS] [--leave]
+ *                [--reconnect-at SECONDS] [--reconnect-token TEXT] [--rebind-at SECONDS]
+ *                [--leave]
  *
  * --seconds: stop after S seconds even if the room has not ended (end_reason "seconds");
  * --reconnect-at: a new connection from a new socket (relay_client_reconnect), as after a
- * crash; --rebind-at: a new local port under the same connection (address migration);
+ * crash (in token mode with --reconnect-token, a fresh token: tokens are single-use);
+ * --rebind-at: a new local port under the same connection (address migration);
  * --leave: send LEAVE before disconnecting at the end.
  *
  * The input for each frame is 8 bytes: FNV-1a 32 of the player name (u32 LE), then the number
@@ -127,16 +129,16 @@ static void usage(void)
 {
     fprintf(stderr, "usage: relay_player --server HOST:PORT --room R --player P [--spectator] "
                     "[--token TEXT] [--seconds S] [--input-delay N] [--auto-input-delay] "
-                    "[--reconnect-at S] [--rebind-at S] [--leave]\n");
+                    "[--reconnect-at S] [--reconnect-token TEXT] [--rebind-at S] [--leave]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    const char *server = NULL, *room = NULL, *player = NULL, *token = NULL;
+    const char *server = NULL, *room = NULL, *player = NULL, *token = NULL, *token2 = NULL;
     int spectator = 0, auto_delay = 0, leave = 0, input_delay = 2, k;
     double seconds = 600, reconnect_at = -1, rebind_at = -1, start, now;
-    char host[256], end_reason[80] = "";
+    char host[256], end_reason[80] = "", name[300] = "";
     const char *colon = NULL;
     int port;
     relay_client_config_t config;
@@ -159,6 +161,7 @@ int main(int argc, char **argv)
             else if (strcmp(a, "--room") == 0) room = v;
             else if (strcmp(a, "--player") == 0) player = v;
             else if (strcmp(a, "--token") == 0) token = v;
+            else if (strcmp(a, "--reconnect-token") == 0) token2 = v;
             else if (strcmp(a, "--seconds") == 0) seconds = atof(v);
             else if (strcmp(a, "--input-delay") == 0) input_delay = atoi(v);
             else if (strcmp(a, "--reconnect-at") == 0) reconnect_at = atof(v);
@@ -187,6 +190,8 @@ int main(int argc, char **argv)
         return 1;
     }
     start = relay_client_time();
+    if (player != NULL)
+        snprintf(name, sizeof name, "%s", player);
     if (relay_client_open(client, host, (uint16_t)port) != 0) {
         add_error("socket", host);
         stopping = 1;
@@ -201,9 +206,11 @@ int main(int argc, char **argv)
         now = relay_client_time();
         relay_client_update(client, now);
         while (relay_client_poll_event(client, &event) == 1) {
-            fprintf(stderr, "[%s %.3f] event %d code=%s text=%s frame=%u\n", player ? player : "?",
+            fprintf(stderr, "[%s %.3f] event %d code=%s text=%s frame=%u\n", name,
                     now - start, (int)event.type, event.code, event.text, (unsigned)event.frame);
-            if (event.type == RELAY_EVENT_REFUSED) {
+            if (event.type == RELAY_EVENT_WELCOME) {
+                snprintf(name, sizeof name, "%s", event.text);    /* the name joined with */
+            } else if (event.type == RELAY_EVENT_REFUSED) {
                 add_error("refused", event.code);
                 stopping = 1;
             } else if (event.type == RELAY_EVENT_DESYNC) {
@@ -239,7 +246,7 @@ int main(int argc, char **argv)
         if (!spectator && relay_client_room_state(client) == RELAY_ROOM_RUNNING
             && relay_client_get_state(client) == RELAY_STATE_JOINED) {
             uint8_t input[8];
-            uint32_t who = fnv32(relay_client_slot(client) >= 0 && player ? player : "?");
+            uint32_t who = fnv32(name);
             uint32_t taken = relay_client_next_frame_number(client);
             for (k = 0; k < 4; k++) {
                 input[k] = (uint8_t)(who >> (8 * k));
@@ -259,14 +266,14 @@ int main(int argc, char **argv)
         }
         if (rebind_at >= 0 && now - start >= rebind_at) {
             rebind_at = -1;
-            fprintf(stderr, "[%s] rebind\n", player ? player : "?");
+            fprintf(stderr, "[%s] rebind\n", name);
             if (relay_client_reopen(client) != 0)
                 add_error("rebind", NULL);
         }
         if (reconnect_at >= 0 && now - start >= reconnect_at) {
             reconnect_at = -1;
-            fprintf(stderr, "[%s] reconnect\n", player ? player : "?");
-            if (relay_client_reopen(client) != 0 || relay_client_reconnect(client, NULL, now) != 0)
+            fprintf(stderr, "[%s] reconnect\n", name);
+            if (relay_client_reopen(client) != 0 || relay_client_reconnect(client, token2, now) != 0)
                 add_error("reconnect", NULL);
         }
         relay_client_wait(client, 0.01);
@@ -287,7 +294,7 @@ int main(int argc, char **argv)
 
     relay_client_get_stats(client, &stats);
     printf("{\"player\": ");
-    json_string(player ? player : "");
+    json_string(name[0] ? name : player ? player : "");
     printf(", \"slot\": %d, \"frames\": %llu, \"first\": %lld, \"last\": %lld, \"gaps\": %llu, "
            "\"duplicates\": %llu, \"hash\": \"%016llx\", \"final_frames\": ",
            (int)relay_client_slot(client), (unsigned long long)frames, (long long)first,

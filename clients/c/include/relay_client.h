@@ -157,7 +157,8 @@ RELAY_API void relay_client_handle_timeout(relay_client_t *client, double now);
 typedef enum relay_event_type {
     RELAY_EVENT_NONE = 0,
     RELAY_EVENT_CONNECTED = 1,      /* handshake done; JOIN on its way */
-    RELAY_EVENT_WELCOME = 2,        /* joined: slot, tick_rate, room_state, next_frame, history */
+    RELAY_EVENT_WELCOME = 2,        /* joined: slot, tick_rate, room_state, next_frame, history;
+                                       code = room, text = player name */
     RELAY_EVENT_REFUSED = 3,        /* JOIN refused: code (e.g. "room_full"), text */
     RELAY_EVENT_ROOM_STATE = 4,     /* room_state, frame, code = reason ("" if none) */
     RELAY_EVENT_DESYNC = 5,         /* frame, code = verdict, text = minority "a,b" */
