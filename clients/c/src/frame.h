@@ -45,8 +45,8 @@ int rf_frame_number(const uint8_t *data, size_t length, uint32_t *number);
  * RF_NEEDS_PREVIOUS). out must not be previous. */
 int rf_decode(const uint8_t *data, size_t length, const rf_frame *previous, rf_frame *out);
 
-/* The event at index (walking the records from the start; sequential use is cheap with the
- * cursor kept by the caller: pass *cursor = 0 / its last value and the index it was for). */
+/* The event at index: 0 and its fields (name points into the arena), or -1 past the last.
+ * Walks the records from the first (frames hold few events). */
 int rf_frame_event(const rf_frame *frame, uint32_t index, int *kind, int *slot,
                    const char **name, uint32_t *name_length);
 
