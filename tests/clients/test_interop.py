@@ -1,8 +1,8 @@
 """Interop: the C client (clients/c/examples/relay_player.c), the C# bot (clients/csharp) and
 the Python SDK play in one room of a real `relay serve`, with `relay bot` players beside them,
 and every one of them sees the identical frame stream, hashed the same way, from frame 0 to
-the room's last frame: a late joiner (history block) and a player that reconnects mid-match
-included; once more through `relay netem` at 10 % loss, and once in token mode.
+the room's last frame: a late joiner (history block), a player that reconnects mid-match and a
+spectator included; once more through `relay netem` at 10 % loss, and once in token mode.
 
 Each scenario: the room is created with the `admin` start policy, started once the first
 clients are in, ended by the admin API after a fixed time; every client runs until it has
@@ -176,6 +176,9 @@ def play_match(relay: Relay, native: dict, port: int, *, tokens=None, reconnect=
                          "--player", "cs1", "--seconds", 80, *token_args("cs1")], env=mono_env),
             sdk_player("127.0.0.1", port, room, "py1", token=tokens.get("py1")),
         ]
+        if not tokens:      # a spectator (delayed frames, the tail sent when the room ends)
+            clients.append(run_process([native["c"], "--server", server, "--room", room,
+                                        "--player", "watcher", "--spectator", "--seconds", 80]))
         if reconnect:
             clients.append(run_process([native["c"], "--server", server, "--room", room,
                                         "--player", "c2", "--seconds", 80,
@@ -187,7 +190,7 @@ def play_match(relay: Relay, native: dict, port: int, *, tokens=None, reconnect=
                 bot_args += ["--key", f"1:{base64.b64encode(TOKEN_KEY).decode()}"]
             bot_task = asyncio.ensure_future(run_process(bot_args))
         tasks = [asyncio.ensure_future(c) for c in clients]
-        await wait_for_players(relay, room, len(clients) + bots)
+        await wait_for_players(relay, room, len(clients) + bots - (0 if tokens else 1))
         await asyncio.to_thread(relay.http, "POST", f"/rooms/{room}/start")
         if late_join:
             tasks.append(asyncio.ensure_future(run_process(
@@ -221,7 +224,7 @@ def test_c_csharp_and_python_clients_see_the_identical_stream(tmp_path, native_c
     finally:
         relay.close()
     check_identical_streams(results)
-    assert {r["player"] for r in results} == {"c1", "cs1", "py1", "c2", "late"}
+    assert {r["player"] for r in results} == {"c1", "cs1", "py1", "watcher", "c2", "late"}
     assert min(r["frames"] for r in results) >= 200           # >= 10 s at 30 Hz of play
 
 

@@ -56,6 +56,7 @@ extern "C" {
 #define RELAY_ENOMEM (-5)      /* the allocator failed (create only) */
 #define RELAY_ESOCKET (-6)     /* driver: socket, bind, resolve or send failed */
 #define RELAY_ESMALL (-7)      /* the caller's buffer is too small */
+#define RELAY_NIL (-8)         /* relay_frame_input: the slot has no input in this frame */
 
 /* ---- limits from the protocol -------------------------------------------------------------- */
 #define RELAY_MAX_NAME 64          /* room and player names: 1..64 bytes of UTF-8 */
@@ -74,6 +75,7 @@ typedef struct relay_client_config {
     void *random_context;
 
     uint32_t mtu;                 /* largest datagram sent, bytes (1200; 576..16384) */
+    uint32_t reserved;            /* explicit padding before the doubles; leave 0 */
     double connect_timeout;       /* handshake deadline, s (5) */
     double peer_timeout;          /* relay silent this long: disconnected "timeout", s (10) */
     double heartbeat_interval;    /* send a datagram at least this often, s (0.5) */
@@ -90,6 +92,10 @@ typedef struct relay_client_config {
     uint32_t send_queue;          /* messages queued per channel behind its window (1024) */
     uint32_t event_queue;         /* events held until polled (256) */
 } relay_client_config_t;
+
+/* The library's version, (major << 16) | minor: a binding checks it against the header it was
+ * written for (RELAY_CLIENT_VERSION_MAJOR) before anything else. */
+RELAY_API uint32_t relay_client_version(void);
 
 /* Fills every field with its default. */
 RELAY_API void relay_client_default_config(relay_client_config_t *config);
@@ -212,22 +218,27 @@ typedef struct relay_frame_event {
     int32_t kind;                   /* relay_frame_event_kind_t */
     int32_t slot;
     uint32_t name_length;
+    uint32_t reserved;              /* explicit padding: the same layout for every binding */
     const char *name;               /* not NUL-terminated; valid until the next frame */
 } relay_frame_event_t;
 
-/* The next frame in order: 1 and fills *frame, 0 if it has not arrived yet, or a negative
- * code if the stream is broken (a frame that does not decode: disconnected "bad_frame").
+/* The next frame in order: 1 and fills *frame, 0 if it has not arrived yet, or RELAY_ESTATE
+ * if the stream is broken (a frame that does not decode: a DISCONNECTED event "bad_frame" is
+ * queued, and every later call returns RELAY_ESTATE until the next connect).
  * The frame's inputs and events are read with the calls below until the next call. */
 RELAY_API int relay_client_next_frame(relay_client_t *client, relay_frame_t *frame);
 
-/* Slot's input in the current frame: its length (0.. bytes), and *data points at it; -1 when
- * the slot has no input (nil), including slots past slot_count. */
+/* Slot's input in the current frame: its length (0.. bytes), and *data points at it;
+ * RELAY_NIL when the slot has no input (nil), including slots past slot_count and before the
+ * first frame; RELAY_EINVAL for a NULL client. */
 RELAY_API int relay_frame_input(const relay_client_t *client, uint32_t slot, const uint8_t **data);
 /* As relay_frame_input, copied into the caller's buffer (RELAY_ESMALL if cap is too small). */
 RELAY_API int relay_frame_copy_input(const relay_client_t *client, uint32_t slot, uint8_t *out,
                                      size_t cap);
 /* 1 if the relay made this slot's input up (missing input policy), else 0. */
 RELAY_API int relay_frame_synthesized(const relay_client_t *client, uint32_t slot);
+/* Membership event index (0..event_count-1) of the current frame: 0 and fills *event, or
+ * RELAY_EINVAL for an index past event_count. */
 RELAY_API int relay_frame_event(const relay_client_t *client, uint32_t index,
                                 relay_frame_event_t *event);
 
@@ -277,10 +288,9 @@ RELAY_API relay_room_state_t relay_client_room_state(const relay_client_t *clien
 RELAY_API uint32_t relay_client_final_frames(const relay_client_t *client);
 /* Our slot (-1: spectator or not joined). */
 RELAY_API int32_t relay_client_slot(const relay_client_t *client);
-/* 1 once the room has ended and every frame it produced was taken, or the connection is
- * gone with no frame left to take: the game can stop. A spectator may never get the last
- * frames its delay held back (RELAY_PROTOCOL 11): it is also finished once the room has ended,
- * the next frame is not there and no frame has arrived for 2 s. */
+/* 1 once the room has ended and every frame it produced was taken (players and spectators
+ * alike), or the connection is gone with no frame left to take, or the stream broke: the game
+ * can stop. */
 RELAY_API int relay_client_finished(const relay_client_t *client);
 
 /* ---- socket driver --------------------------------------------------------------------------- */
@@ -297,7 +307,8 @@ RELAY_API void relay_client_close(relay_client_t *client);
 /* Receives every pending datagram, runs timers, sends everything due. Returns 0, or
  * RELAY_ESOCKET if no socket is open. */
 RELAY_API int relay_client_update(relay_client_t *client, double now);
-/* Blocks until a datagram arrives, the next timer is due, or timeout seconds pass. */
+/* Blocks until a datagram arrives, the next timer is due, or timeout seconds pass. Returns 0,
+ * or RELAY_ESOCKET if no socket is open. */
 RELAY_API int relay_client_wait(relay_client_t *client, double timeout);
 
 #ifdef __cplusplus

@@ -31,6 +31,11 @@
 
 /* ---- configuration and memory ------------------------------------------------------------- */
 
+uint32_t relay_client_version(void)
+{
+    return ((uint32_t)RELAY_CLIENT_VERSION_MAJOR << 16) | RELAY_CLIENT_VERSION_MINOR;
+}
+
 void relay_client_default_config(relay_client_config_t *config)
 {
     if (config == NULL)
@@ -54,7 +59,6 @@ void relay_client_default_config(relay_client_config_t *config)
     config->event_queue = 256;
 }
 
-#define SPECTATOR_GRACE 2.0           /* s: see relay_client_finished */
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
 #define SCRATCH_EXTRA 256             /* INPUT header, or a JOIN with two 64-byte names */
 
@@ -413,7 +417,6 @@ static void store_live(relay_client_t *client, const uint8_t *data, size_t lengt
         client->live_frames_dropped++;
         return;
     }
-    client->stored_at = client->now;
     memcpy(client->ring + offset, data, length);
     entry = live_at(client, client->live_count);
     entry->number = number;
@@ -489,7 +492,6 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
     client->frames_received += fresh;
     client->frames_duplicate += count - fresh;
     client->blocks_received++;
-    client->stored_at = client->now;
     /* A block continuing the last run (the relay splits a long history into consecutive
      * blocks) extends it: its frames move down over the block's header, so a long history
      * takes one run however many blocks it came in. */
@@ -565,7 +567,6 @@ static void on_relay_message(relay_client_t *client, const uint8_t *data, size_t
         client->room_state = room_state_of(m.state);
         if (m.state == RM_STATE_ENDED) {
             client->final_frames = m.frame;
-            client->ended_at = client->now;
             if (client->state == RELAY_STATE_JOINED)
                 client->state = RELAY_STATE_CONNECTED;     /* no longer in a room */
         }
@@ -724,7 +725,6 @@ int relay_client_connect(relay_client_t *client, const char *room, const char *p
     client->room_state = RELAY_ROOM_NONE;
     client->final_frames = 0;
     client->broken = 0;
-    client->ended_at = client->stored_at = now;
     client->last_input_frame = -1;
     client->advice_valid = 0;
     return start_connection(client, now);
@@ -894,7 +894,7 @@ int relay_frame_input(const relay_client_t *client, uint32_t slot, const uint8_t
     if (data)
         *data = NULL;
     if (f == NULL || slot >= f->slot_count || f->length[slot] < 0)
-        return -1;
+        return RELAY_NIL;
     if (data)
         *data = f->arena + f->offset[slot];
     return f->length[slot];
@@ -1086,16 +1086,10 @@ int relay_client_finished(const relay_client_t *client)
         return 0;
     if (client->broken)
         return 1;
-    if (client->room_state == RELAY_ROOM_ENDED) {
-        double quiet = client->now - (client->stored_at > client->ended_at ? client->stored_at
-                                                                             : client->ended_at);
-        if (client->next >= client->final_frames)
-            return 1;
-        /* A spectator may never get the frames its delay held back (RELAY_PROTOCOL 11; this
-         * relay sends them with the end, on STREAM, so they can come just after ROOM_STATE):
-         * it is done when nothing more arrives for SPECTATOR_GRACE seconds after the end. */
-        return client->spectator && !frame_held(client, client->next) && quiet >= SPECTATOR_GRACE;
-    }
+    /* Players and spectators alike receive every frame 0..final-1: the relay sends a
+     * spectator the frames its delay still held back when the room ends (RELAY_PROTOCOL 11). */
+    if (client->room_state == RELAY_ROOM_ENDED && client->next >= client->final_frames)
+        return 1;
     if (client->state == RELAY_STATE_IDLE)
         return !frame_held(client, client->next);
     return 0;

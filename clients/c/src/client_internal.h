@@ -50,8 +50,6 @@ struct relay_client {
     uint32_t final_frames;
     int leave_pending;              /* LEAVE queued: DISCONNECT once it went out */
     int broken;                     /* a frame did not decode */
-    double ended_at;                /* when ROOM_STATE "ended" came */
-    double stored_at;               /* when a frame was last stored */
 
     /* frames */
     uint64_t next;                  /* the next frame the game takes */

@@ -22,7 +22,7 @@ static int failures;
 static int input_of(uint32_t n, int s, uint8_t *out)
 {
     if (s == 1 && n % 5 == 0)
-        return -1;
+        return RELAY_NIL;
     out[0] = (uint8_t)s;
     out[1] = (uint8_t)(n / 3);       /* changes every third frame: same bits get used */
     return 2;
@@ -121,7 +121,7 @@ static int take(relay_client_t *c, int count)
         for (s = 0; s < SLOTS + 1; s++) {
             uint8_t expected[2];
             const uint8_t *data;
-            int length = s < SLOTS ? input_of(f.number, s, expected) : -1;
+            int length = s < SLOTS ? input_of(f.number, s, expected) : RELAY_NIL;
             int actual = relay_frame_input(c, (uint32_t)s, &data);
             CHECK(actual == length);
             if (length > 0 && actual == length)

@@ -29,6 +29,8 @@ namespace Relay.Client
         NoMemory = -5,
         /// <summary>RELAY_ESOCKET: socket, bind, resolve or send failed.</summary>
         Socket = -6,
+        /// <summary>RELAY_NIL: the slot has no input in this frame (not an error).</summary>
+        Nil = -8,
         /// <summary>RELAY_ESMALL: the caller's buffer is too small.</summary>
         Small = -7,
     }
@@ -88,6 +90,7 @@ namespace Relay.Client
 
         /// <summary>Largest datagram sent, bytes (1200; 576..16384).</summary>
         public uint Mtu;
+        private uint reserved;           // explicit padding in C too
         /// <summary>Handshake deadline, seconds (5).</summary>
         public double ConnectTimeout;
         /// <summary>Relay silent this long: disconnected "timeout", seconds (10).</summary>
@@ -166,6 +169,7 @@ namespace Relay.Client
         private int kind;
         private int slot;
         private uint nameLength;
+        private uint reserved;          // explicit padding in C too
         private IntPtr name;            // const char *, not NUL-terminated
 
         public RelayFrameEventKind Kind { get { return (RelayFrameEventKind)kind; } }
@@ -243,6 +247,10 @@ namespace Relay.Client
         public const int MaxDatagram = 16384;
 
         // ---- configuration ----
+        /// <summary>(major &lt;&lt; 16) | minor of the native library.</summary>
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern uint relay_client_version();
+
         [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
         public static extern void relay_client_default_config(out RelayClientConfig config);
 

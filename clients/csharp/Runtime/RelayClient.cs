@@ -40,6 +40,7 @@ namespace Relay.Client
                 case -5: return "RELAY_ENOMEM";
                 case -6: return "RELAY_ESOCKET";
                 case -7: return "RELAY_ESMALL";
+                case -8: return "RELAY_NIL";
                 default: return "RELAY_E" + code;
             }
         }
@@ -55,6 +56,7 @@ namespace Relay.Client
                 case -5: return "the allocator failed";
                 case -6: return "socket, bind, resolve or send failed";
                 case -7: return "the buffer is too small";
+                case -8: return "the slot has no input";
                 default: return "unknown error";
             }
         }
@@ -165,6 +167,11 @@ namespace Relay.Client
         /// <summary>Creates a client; every buffer it will ever use is allocated here.</summary>
         public static RelayClient Create(RelayClientConfig config)
         {
+            uint version = Native.relay_client_version();
+            if (version >> 16 != Native.VersionMajor)
+                throw new InvalidOperationException(string.Format(
+                    "the native relay_client library is version {0}.{1}; this binding needs {2}.x",
+                    version >> 16, version & 0xFFFF, Native.VersionMajor));
             IntPtr pointer = Native.relay_client_create(ref config);
             if (pointer == IntPtr.Zero)
                 throw new RelayException("relay_client_create", (int)RelayError.Invalid);
@@ -380,14 +387,14 @@ namespace Relay.Client
         }
 
         /// <summary>Copies slot's input in the current frame into buffer: its length (0 or
-        /// more), -1 when the slot has no input (nil, or past the frame's slot count), or
-        /// RELAY_ESMALL (-7) if the buffer is too small.</summary>
+        /// more), <see cref="RelayError.Nil"/> (-8) when the slot has no input (nil, or past the
+        /// frame's slot count), or RELAY_ESMALL (-7) if the buffer is too small.</summary>
         public int CopyInput(int slot, byte[] buffer)
         {
             if (buffer == null)
                 throw new ArgumentNullException("buffer");
             if (slot < 0)
-                return -1;
+                return (int)RelayError.Nil;
             fixed (byte* b = buffer)
                 return Native.relay_frame_copy_input(Ptr, (uint)slot, b, (UIntPtr)(uint)buffer.Length);
         }
@@ -396,16 +403,16 @@ namespace Relay.Client
         public int CopyInput(int slot, byte* buffer, int capacity)
         {
             if (slot < 0)
-                return -1;
+                return (int)RelayError.Nil;
             return Native.relay_frame_copy_input(Ptr, (uint)slot, buffer, (UIntPtr)(uint)capacity);
         }
 
         /// <summary>Zero-copy: slot's input length and a pointer into the library's frame buffer
-        /// (valid until the next NextFrame), -1 for nil.</summary>
+        /// (valid until the next NextFrame), <see cref="RelayError.Nil"/> for nil.</summary>
         public int Input(int slot, out IntPtr data)
         {
             byte* d = null;
-            int result = slot < 0 ? -1 : Native.relay_frame_input(Ptr, (uint)slot, &d);
+            int result = slot < 0 ? (int)RelayError.Nil : Native.relay_frame_input(Ptr, (uint)slot, &d);
             data = (IntPtr)d;
             return result;
         }

@@ -82,13 +82,13 @@ static class ApiCheck
         Expect(client.NextFrame(out frame) && frame.Number == 0 && frame.SlotCount == 3 && frame.EventCount == 2, "frame 0");
         var buffer = new byte[16];
         Expect(client.CopyInput(0, buffer) == 2 && buffer[0] == 0 && buffer[1] == (byte)'a', "copy input");
-        Expect(client.CopyInput(1, buffer) == -1, "nil input");
+        Expect(client.CopyInput(1, buffer) == (int)RelayError.Nil, "nil input");
         Expect(client.CopyInput(2, buffer) == 0, "empty input");
-        Expect(client.CopyInput(9, buffer) == -1 && client.CopyInput(-1, buffer) == -1, "past slot count");
+        Expect(client.CopyInput(9, buffer) == (int)RelayError.Nil && client.CopyInput(-1, buffer) == (int)RelayError.Nil, "past slot count");
         Expect(client.CopyInput(0, new byte[1]) == (int)RelayError.Small, "small buffer");
         IntPtr data;
         Expect(client.Input(0, out data) == 2 && Marshal.ReadByte(data, 1) == (byte)'a', "zero-copy input");
-        Expect(client.Input(1, out data) == -1, "zero-copy nil");
+        Expect(client.Input(1, out data) == (int)RelayError.Nil, "zero-copy nil");
         Expect(client.Synthesized(2) && !client.Synthesized(0) && !client.Synthesized(-1), "synthesized");
         RelayFrameEvent fe;
         Expect(client.FrameEvent(1, out fe) && fe.Kind == RelayFrameEventKind.Join && fe.Slot == 1, "frame event");

@@ -23,6 +23,7 @@ void relay_client_default_config(relay_client_config_t *c) {
     c->frame_buffer_count = 4096; c->input_delay = 2; c->max_input_size = 256; c->send_queue = 1024;
     c->event_queue = 256;
 }
+uint32_t relay_client_version(void) { return (RELAY_CLIENT_VERSION_MAJOR << 16) | RELAY_CLIENT_VERSION_MINOR; }
 size_t relay_client_memory_size(const relay_client_config_t *c) { return c ? sizeof(struct relay_client) : 0; }
 struct relay_client *relay_client_create(const relay_client_config_t *c) {
     if (!c || c->input_delay != 3 || c->mtu != 1200 || c->event_queue != 256) return NULL; /* bot passes --input-delay 3 */
@@ -70,9 +71,9 @@ static int input_of(const relay_client_t *c, uint32_t slot, const uint8_t **data
     uint32_t n = c->taken - 1;
     static uint8_t first[2];
     if (slot == 0) { first[0] = (uint8_t)n; first[1] = 'a'; *data = first; return 2; }
-    if (slot == 1) { if (n % 3 == 0) return -1; *data = bytes; return 3; }
+    if (slot == 1) { if (n % 3 == 0) return RELAY_NIL; *data = bytes; return 3; }
     if (slot == 2) { *data = bytes; return 0; }
-    return -1;
+    return RELAY_NIL;
 }
 int relay_frame_input(const relay_client_t *c, uint32_t slot, const uint8_t **data) { return input_of(c, slot, data); }
 int relay_frame_copy_input(const relay_client_t *c, uint32_t slot, uint8_t *out, size_t cap) {
