@@ -74,10 +74,10 @@ class Harness:
     """One C client, one Python server, a link with latency and seeded loss each way."""
 
     def __init__(self, lib, config=None, loss=0.0, seed=1, latency=0.02, peer_timeout=0.0,
-                 token=None, jitter=0.0, duplicate=0.0):
+                 token=None, jitter=0.0, duplicate=0.0, max_block_size=0):
         self.lib = lib
         self.server = Endpoint(config or server_config(), unix_offset=UNIX)
-        self.conn = lib.rct_new(peer_timeout, 0, 0)
+        self.conn = lib.rct_new(peer_timeout, max_block_size, 0)
         assert self.conn
         self.rng = random.Random(seed)
         self.loss, self.latency, self.jitter, self.duplicate = loss, latency, jitter, duplicate
@@ -268,6 +268,16 @@ def test_a_100_kb_block_arrives_intact(harness):
     assert h.server.send_block(h.peer, b"tail" * 1000)
     assert h.run(3.0, lambda: len([1 for k, _, _ in h.c_events if k == EV_BLOCK]) == 3)
     assert [d for k, _, d in h.c_events if k == EV_BLOCK][1:] == [b"", b"tail" * 1000]
+
+
+def test_a_block_over_max_block_size_ends_the_connection_with_the_reason(harness):
+    """Refused slices would be offered forever and the history never arrive: the client says
+    why and closes (the relay hears protocol_error) instead of stalling."""
+    h = harness(max_block_size=64 * 1024)
+    h.connect()
+    assert h.server.send_block(h.peer, os.urandom(100_000))
+    assert h.run(3.0, lambda: "block_too_large" in h.c_reasons())
+    assert h.run(2.0, lambda: "remote:protocol_error" in h.s_disconnects())
 
 
 def test_a_large_fragmented_message_from_the_server_arrives(harness):

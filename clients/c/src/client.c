@@ -25,6 +25,7 @@
 #include "client_internal.h"
 #include "crypto.h"
 #include "messages.h"
+#include "wire.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -391,13 +392,32 @@ static int find_next(relay_client_t *client, const uint8_t **data, size_t *lengt
 
 /* ---- receiving ----------------------------------------------------------------------------- */
 
+/* The frame stream cannot go on (a frame that does not decode, a history block that does not
+ * fit or does not parse): the game hears why at once, the relay gets
+ * DISCONNECT(protocol_error), the frames already held can still be taken, and then
+ * relay_client_next_frame returns RELAY_ESTATE. Frames are never skipped. */
+static void break_stream(relay_client_t *client, const char *code, const char *text)
+{
+    relay_event_t *event;
+    if (client->broken)
+        return;
+    client->broken = 1;
+    event = push_event(client, RELAY_EVENT_DISCONNECTED);
+    set_text(event->code, sizeof event->code, code);
+    set_text(event->text, sizeof event->text, text);
+    if (client->state != RELAY_STATE_IDLE)
+        rc_conn_disconnect(client->conn, RC_REASON_PROTOCOL_ERROR, client->now);
+    client->state = RELAY_STATE_IDLE;
+}
+
 static void store_live(relay_client_t *client, const uint8_t *data, size_t length)
 {
     uint32_t number;
     int64_t offset;
     rc_live_entry *entry;
     if (rf_frame_number(data, length, &number) != RF_OK) {
-        client->datagrams_dropped++;
+        /* its number unknown, the stream would wait for it forever */
+        break_stream(client, "bad_frame", "a FRAME from the relay does not decode");
         return;
     }
     if (number < client->next || held_in_segments(client, number)) {
@@ -436,7 +456,7 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
     int k, status;
 
     if (rf_history_peek(data, length, client->zmemory, &first, &count) != RF_OK) {
-        client->datagrams_dropped++;
+        break_stream(client, "bad_history", "a history block does not decode");
         return;
     }
     end = (uint64_t)first + count;
@@ -462,7 +482,8 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
             k++;
     }
     if (client->segment_count == RC_MAX_SEGMENTS) {
-        client->datagrams_dropped++;
+        break_stream(client, "history_too_large", "more separate runs of history frames than "
+                     "the client keeps: take frames sooner");
         return;
     }
     /* Compact the rest to the front, frames already taken left out. */
@@ -486,7 +507,11 @@ void rc_client_on_block(void *context, const uint8_t *data, size_t length)
         || rf_history_parse(client->history + used, produced, &parsed_first, &parsed_count,
                             &offset) != RF_OK
         || parsed_first != first || parsed_count != count) {
-        client->datagrams_dropped++;
+        if (status == RF_TOO_LARGE)
+            break_stream(client, "history_too_large", "a history block inflates past "
+                         "max_history_size: raise it (relay_client_config_t)");
+        else
+            break_stream(client, "bad_history", "a history block does not decode");
         return;
     }
     client->frames_received += fresh;
@@ -631,7 +656,7 @@ void rc_client_on_disconnected(void *context, const char *reason)
     client->state = RELAY_STATE_IDLE;
     client->leave_pending = 0;
     if (client->broken)
-        return;                 /* reported as "bad_frame" already */
+        return;                 /* break_stream reported why */
     event = push_event(client, RELAY_EVENT_DISCONNECTED);
     set_text(event->code, sizeof event->code, reason ? reason : "");
 }
@@ -725,6 +750,7 @@ int relay_client_connect(relay_client_t *client, const char *room, const char *p
     client->room_state = RELAY_ROOM_NONE;
     client->final_frames = 0;
     client->broken = 0;
+    client->undecodable = 0;
     client->last_input_frame = -1;
     client->advice_valid = 0;
     return start_connection(client, now);
@@ -848,11 +874,11 @@ int relay_client_next_frame(relay_client_t *client, relay_frame_t *frame)
 
     if (client == NULL || frame == NULL)
         return RELAY_EINVAL;
-    if (client->broken)
+    if (client->undecodable)
         return RELAY_ESTATE;
     found = find_next(client, &data, &length);
     if (found == 0)
-        return 0;
+        return client->broken ? RELAY_ESTATE : 0;
     other = client->current ^ 1;
     out = &client->decoded[other];
     status = found < 0 ? RF_MALFORMED : rf_frame_number(data, length, &number);
@@ -861,13 +887,8 @@ int relay_client_next_frame(relay_client_t *client, relay_frame_t *frame)
     if (status == RF_OK)
         status = rf_decode(data, length, &client->decoded[client->current], out);
     if (status != RF_OK) {
-        relay_event_t *event;
-        client->broken = 1;
-        event = push_event(client, RELAY_EVENT_DISCONNECTED);
-        set_text(event->code, sizeof event->code, "bad_frame");
-        if (client->state != RELAY_STATE_IDLE)
-            rc_conn_disconnect(client->conn, 0, client->now);
-        client->state = RELAY_STATE_IDLE;
+        break_stream(client, "bad_frame", "a frame does not decode: the stream cannot go on");
+        client->undecodable = 1;
         return RELAY_ESTATE;
     }
     client->current = other;
@@ -1084,8 +1105,8 @@ int relay_client_finished(const relay_client_t *client)
 {
     if (client == NULL || !client->connect_called)
         return 0;
-    if (client->broken)
-        return 1;
+    if (client->broken)                 /* what is held can still be taken */
+        return client->undecodable || !frame_held(client, client->next);
     /* Players and spectators alike receive every frame 0..final-1: the relay sends a
      * spectator the frames its delay still held back when the room ends (RELAY_PROTOCOL 11). */
     if (client->room_state == RELAY_ROOM_ENDED && client->next >= client->final_frames)

@@ -49,7 +49,8 @@ struct relay_client {
     int room_state;
     uint32_t final_frames;
     int leave_pending;              /* LEAVE queued: DISCONNECT once it went out */
-    int broken;                     /* a frame did not decode */
+    int broken;                     /* the stream cannot go on (break_stream) */
+    int undecodable;                /* ...because the next frame does not decode */
 
     /* frames */
     uint64_t next;                  /* the next frame the game takes */

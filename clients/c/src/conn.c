@@ -589,6 +589,11 @@ static void receive_data(rc_conn *conn, const uint8_t *p, size_t n, double now)
     conn->stats.duplicate_messages += conn->recv[0].duplicates + conn->recv[1].duplicates - dups_before;
     if (refused) {
         drop(conn);
+        /* A block or message larger than this client was configured for would be offered
+         * again and again, and the stream would stall: end the connection with the reason. */
+        if (conn->state == RC_CONNECTED
+            && (refused == RC_DROP_BLOCK_TOO_LARGE || refused == RC_DROP_MESSAGE_TOO_LARGE))
+            begin_disconnect(conn, RC_REASON_PROTOCOL_ERROR, rc_drop_name(refused));
         return;
     }
     if (conn->state != RC_CONNECTED)
@@ -745,13 +750,13 @@ void rc_conn_handle_timeout(rc_conn *conn, double now)
         return;
     case RC_CONNECTED:
         if (now >= conn->last_receive + conn->config.peer_timeout) {
-            begin_disconnect(conn, 4, "timeout");
+            begin_disconnect(conn, RC_REASON_TIMEOUT, "timeout");
             return;
         }
         for (i = 0; i < RC_CHANNEL_COUNT; i++) {
             rc_send_channel_expire(&conn->send[i], now);
             if (conn->send[i].failed) {
-                begin_disconnect(conn, 7, "resend_limit");
+                begin_disconnect(conn, RC_REASON_RESEND_LIMIT, "resend_limit");
                 return;
             }
         }

@@ -43,6 +43,13 @@ typedef enum rc_drop {
 #define RC_MAX_VARINT 16383
 #define RC_MAX_CHANNELS 32
 
+/* Reason codes of DISCONNECT and REFUSE (PROTOCOL 17). */
+enum {
+    RC_REASON_CLOSED = 0, RC_REASON_SERVER_FULL = 1, RC_REASON_SHUTDOWN = 2, RC_REASON_KICKED = 3,
+    RC_REASON_TIMEOUT = 4, RC_REASON_PROTOCOL_ERROR = 5, RC_REASON_REPLACED = 6,
+    RC_REASON_RESEND_LIMIT = 7
+};
+
 const char *rc_drop_name(int drop);
 /* Reason code name (PROTOCOL 17), or NULL for a code without one. */
 const char *rc_reason_name(int code);

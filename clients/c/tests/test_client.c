@@ -312,13 +312,27 @@ static void test_bounds_and_reconnect(void)
     CHECK(taken_total == 600);
     relay_client_destroy(c);
 
-    /* a block that does not fit the history buffer is dropped, nothing else lost */
+    /* a block that does not fit the history buffer ends the stream with the reason; the
+     * frames already held are still taken, then the stream reports the break */
     c = make_client(8, 1024, 2048);
+    rc_client_on_connected(c);
     deliver_block(c, 0, 50);
     deliver_block(c, 50, 400);
     CHECK(relay_client_have(c) == 49);
-    take(c, 1000);
-    CHECK(taken_total == 50);
+    {
+        relay_event_t e;
+        relay_frame_t f;
+        int saw = 0;
+        while (relay_client_poll_event(c, &e) == 1)
+            if (e.type == RELAY_EVENT_DISCONNECTED && strcmp(e.code, "history_too_large") == 0)
+                saw++;
+        CHECK(saw == 1);
+        CHECK(!relay_client_finished(c));
+        take(c, 50);
+        CHECK(taken_total == 50);
+        CHECK(relay_client_next_frame(c, &f) == RELAY_ESTATE);
+        CHECK(relay_client_finished(c));
+    }
     relay_client_destroy(c);
 }
 
