@@ -250,7 +250,13 @@ def test_identical_streams_in_token_mode(tmp_path, native_clients):
     key = base64.b64encode(TOKEN_KEY).decode()
     relay = Relay(tmp_path, RELAY_SECURITY_MODE="token", RELAY_SECURITY_KEYS=f"1:{key}")
     tokens = {player: mint_token(TOKEN_KEY, 1, "interop", player, 120).encode()
-              for player in ("c1", "cs1", "py1", "late")}
+              for player in ("cs1", "py1", "late")}
+    # as a game backend without Python would: the CLI's token text, straight to the C client
+    minted = subprocess.run([sys.executable, "-m", "relay.cli", "token", "mint", "--room",
+                             "interop", "--player", "c1", "--ttl", "120", "--key", f"1:{key}"],
+                            capture_output=True, text=True, check=True)
+    tokens["c1"] = minted.stdout.strip()
+    assert tokens["c1"].startswith("rt1.")
     try:
         results = play_match(relay, native_clients, relay.udp_port, tokens=tokens,
                              reconnect=False)
