@@ -5,11 +5,7 @@ the same hash, and that hash is the one computed here from the relay's replay of
 from __future__ import annotations
 
 import json
-import os
-import socket
-import struct
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,62 +13,16 @@ from pathlib import Path
 import pytest
 
 from relay.client import replay_frames
-from relay.protocol import EVENT_KINDS
+from relay_process import RelayProcess, frames_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def frames_hash(frames) -> str:
-    """relay_player's "hash": FNV-1a 64 over every frame as relay_player.c defines it."""
-    h = 0xCBF29CE484222325
-
-    def feed(data: bytes) -> None:
-        nonlocal h
-        for byte in data:
-            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-
-    for frame in frames:
-        feed(struct.pack("<II", frame.number, len(frame.inputs)))
-        for value in frame.inputs:
-            feed(b"\xff" if value is None else b"\x01" + struct.pack("<H", len(value)) + value)
-        feed(struct.pack("<I", len(frame.events)))
-        for kind, slot, player in frame.events:
-            name = player.encode()
-            feed(bytes([EVENT_KINDS.index(kind)]) + struct.pack("<I", slot) + bytes([len(name)]) + name)
-    return f"{h:016x}"
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def relay_server(tmp_path):
-    udp, http = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
-    env = dict(os.environ, RELAY_SERVER_UDP_PORT=str(udp), RELAY_SERVER_HTTP_PORT=str(http),
-               RELAY_REPLAY_DIRECTORY=str(tmp_path / "replays"))
-    log = tmp_path / "relay.log"
-    with open(log, "wb") as sink:     # a file, not a pipe: nobody reads the relay's log live
-        process = subprocess.Popen([sys.executable, "-c", "from relay.cli import main; main()",
-                                    "serve"], env=env, cwd=tmp_path, stdout=sink, stderr=sink)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=1).read()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"relay did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
-    yield udp, http, tmp_path / "replays"
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    relay = RelayProcess(tmp_path)
+    yield relay.udp_port, relay.http_port, relay.replays
+    relay.close()
 
 
 def test_two_c_players(c_build, relay_server):

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from relay_process import RelayProcess, fnv1a
 
 ROOT = Path(__file__).resolve().parents[2]
 CSHARP = ROOT / "clients" / "csharp"
@@ -103,11 +104,11 @@ def c_layouts(tmp_path: Path) -> dict:
     require("gcc")
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "relay_client.h"',
              'int main(void) {', '    printf("{");']
-    for index, (struct, fields) in enumerate(LAYOUTS.items()):
-        parts = [f'\\"size\\": %zu'] + [f'\\"{f}\\": %zu' for f in fields]
-        args = [f"sizeof({struct})"] + [f"offsetof({struct}, {f})" for f in fields]
+    for index, (type_name, fields) in enumerate(LAYOUTS.items()):
+        parts = ['\\"size\\": %zu'] + [f'\\"{f}\\": %zu' for f in fields]
+        args = [f"sizeof({type_name})"] + [f"offsetof({type_name}, {f})" for f in fields]
         sep = ", " if index else ""
-        lines.append(f'    printf("{sep}\\"{struct}\\": {{{", ".join(parts)}}}", {", ".join(args)});')
+        lines.append(f'    printf("{sep}\\"{type_name}\\": {{{", ".join(parts)}}}", {", ".join(args)});')
     lines += ['    printf("}\\n");', '    return 0;', '}']
     source = tmp_path / "layouts.c"
     source.write_text("\n".join(lines) + "\n")
@@ -125,8 +126,8 @@ def test_struct_layouts_match_the_c_header(csharp_build, tmp_path):
     assert result.returncode == 0, result.stderr
     actual = json.loads(result.stdout)
     assert set(actual) == set(LAYOUTS)
-    for struct in LAYOUTS:
-        assert actual[struct] == expected[struct], struct
+    for type_name in LAYOUTS:
+        assert actual[type_name] == expected[type_name], type_name
 
 
 # ---- against a scripted stand-in of the library (clients/csharp/Tests~/relay_client_stub.c) ----
@@ -154,12 +155,6 @@ def test_binding_surface_against_the_scripted_library(csharp_build, stub_library
                     str(CSHARP / "Tests~" / "ApiCheck.cs")], check=True, capture_output=True, text=True)
     result = run_mono(exe, stub_library)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
-
-
-def fnv1a(data: bytes, value: int = 0xcbf29ce484222325) -> int:
-    for byte in data:
-        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return value
 
 
 def stub_stream_hash(frames: int) -> str:
@@ -194,63 +189,32 @@ def test_bot_hash_and_zero_allocation_against_the_scripted_library(csharp_build,
 
 # ---- against a real relay -------------------------------------------------------------------
 
-def free_port(kind=socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def relay_command() -> list:
-    venv = ROOT / ".venv" / "bin" / "relay"
-    return [str(venv), "serve"] if venv.exists() else [sys.executable, "-m", "relay.cli", "serve"]
+    return [sys.executable, "-m", "relay.cli"]
 
 
 @pytest.fixture
 def relay_server(tmp_path):
-    yield from serve_relay(tmp_path, {})
+    """A relay in open mode; yields (udp port, http base)."""
+    relay = RelayProcess(tmp_path)
+    yield relay.udp_port, relay.base
+    relay.close()
 
 
 @pytest.fixture
 def token_relay(tmp_path):
     """A relay in token mode; yields (udp port, http base, key as ID:BASE64)."""
-    key = subprocess.run(relay_command()[:-1] + ["token", "keygen", "--env"], check=True,
+    key = subprocess.run(relay_command() + ["token", "keygen", "--env"], check=True,
                          capture_output=True, text=True).stdout.strip()
-    for port, base in serve_relay(tmp_path, {"RELAY_SECURITY_MODE": "token", "RELAY_SECURITY_KEYS": key}):
-        yield port, base, key
+    relay = RelayProcess(tmp_path, RELAY_SECURITY_MODE="token", RELAY_SECURITY_KEYS=key)
+    yield relay.udp_port, relay.base, key
+    relay.close()
 
 
 def mint(key: str, room: str, player: str) -> str:
-    return subprocess.run(relay_command()[:-1] + ["token", "mint", "--room", room, "--player", player,
-                                                  "--key", key], check=True, capture_output=True,
+    return subprocess.run(relay_command() + ["token", "mint", "--room", room, "--player", player,
+                                             "--key", key], check=True, capture_output=True,
                           text=True).stdout.strip()
-
-
-def serve_relay(tmp_path, extra_env):
-    udp_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
-    env = dict(os.environ, RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(udp_port),
-               RELAY_SERVER_HTTP_HOST="127.0.0.1", RELAY_SERVER_HTTP_PORT=str(http_port),
-               RELAY_REPLAY_DIRECTORY=str(tmp_path), **extra_env)
-    log = open(tmp_path / "relay.log", "w")
-    process = subprocess.Popen(relay_command(), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None, (tmp_path / "relay.log").read_text()
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1).read()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "relay serve did not come up"
-            time.sleep(0.2)
-    try:
-        yield udp_port, base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 def start_bot(csharp_build: Path, c_build: Path, port: int, room: str, player: str, *extra: str):

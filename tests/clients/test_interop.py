@@ -12,50 +12,20 @@ import asyncio
 import base64
 import json
 import os
-import socket
-import struct
 import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, build_c_library
+from relay_process import FNV_OFFSET, RelayProcess, fnv1a, frame_bytes, free_port
 
 from relay.client import RelayClient
 from relay_core.token import mint_token
 
 CSHARP = ROOT / "clients" / "csharp"
-EVENT_CODES = {"join": 0, "leave": 1, "timeout": 2, "reconnect": 3}
-FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 TOKEN_KEY = bytes(range(32))
-
-
-def frame_hash_update(state: int, frame) -> int:
-    """The hash every client prints (relay_player.c's comment defines it): FNV-1a 64 over, per
-    frame, u32 number, u32 slot count; per slot 0xFF if nil else 0x01, u16 length, bytes; u32
-    event count; per event u8 kind, u32 slot, u8 name length + name; little-endian throughout."""
-    data = bytearray(struct.pack("<II", frame.number, len(frame.inputs)))
-    for payload in frame.inputs:
-        if payload is None:
-            data.append(0xFF)
-        else:
-            data += struct.pack("<BH", 1, len(payload)) + payload
-    data += struct.pack("<I", len(frame.events))
-    for kind, slot, name in frame.events:
-        encoded = name.encode()
-        data += struct.pack("<BIB", EVENT_CODES[kind], slot, len(encoded)) + encoded
-    for byte in data:
-        state = ((state ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
-    return state
-
-
-def free_port(kind=socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -72,43 +42,6 @@ def native_clients():
     return {"c": player, "csharp": bot, "lib": build}
 
 
-class Relay:
-    def __init__(self, tmp_path: Path, **settings: str):
-        self.udp_port, self.http_port = free_port(), free_port(socket.SOCK_STREAM)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-        env.update(RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(self.udp_port),
-                   RELAY_SERVER_HTTP_PORT=str(self.http_port), RELAY_REPLAY_ENABLED="false",
-                   RELAY_REPLAY_DIRECTORY=str(tmp_path / "replays"), RELAY_SERVER_LOG_FORMAT="json")
-        env.update(settings)
-        self.log = open(tmp_path / "relay.log", "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                self.http("GET", "/health")
-                break
-            except OSError:
-                assert self.process.poll() is None, "relay serve exited"
-                assert time.monotonic() < deadline, "relay serve did not come up"
-                time.sleep(0.1)
-
-    def http(self, method: str, path: str, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data,
-                                         method=method, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return json.loads(response.read() or b"null")
-
-    def close(self):
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
-
-
 async def sdk_player(host, port, room, player, token=None, input_delay=2) -> dict:
     """The Python SDK as a fourth client: plays and hashes every frame, like relay_player."""
     client = await RelayClient.connect(host, port, room, player, token=token,
@@ -120,7 +53,7 @@ async def sdk_player(host, port, room, player, token=None, input_delay=2) -> dic
         async for frame in client.frames():
             assert frame.number == last + 1, "gap or duplicate in the SDK's stream"
             last = frame.number
-            state = frame_hash_update(state, frame)
+            state = fnv1a(frame_bytes(frame), state)
             frames += 1
             client.send_next_input(bytes([frame.number & 0xFF]) + player.encode()[:3])
     finally:
@@ -142,7 +75,7 @@ async def run_process(args, env=None, delay=0.0) -> dict:
     return result
 
 
-async def wait_for_players(relay: Relay, room: str, count: int, timeout: float = 20.0):
+async def wait_for_players(relay: RelayProcess, room: str, count: int, timeout: float = 20.0):
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -155,7 +88,7 @@ async def wait_for_players(relay: Relay, room: str, count: int, timeout: float =
         await asyncio.sleep(0.1)
 
 
-def play_match(relay: Relay, native: dict, port: int, *, tokens=None, reconnect=True,
+def play_match(relay: RelayProcess, native: dict, port: int, *, tokens=None, reconnect=True,
                late_join=True, bots=2, seconds=10.0) -> list[dict]:
     """One room: C, C#, SDK and `relay bot` players from the start, a late C joiner, a C
     player that reconnects; the admin ends the room after ``seconds`` of play."""
@@ -218,7 +151,7 @@ def check_identical_streams(results: list[dict]):
 
 
 def test_c_csharp_and_python_clients_see_the_identical_stream(tmp_path, native_clients):
-    relay = Relay(tmp_path)
+    relay = RelayProcess(tmp_path, RELAY_REPLAY_ENABLED="false")
     try:
         results = play_match(relay, native_clients, relay.udp_port)
     finally:
@@ -229,7 +162,7 @@ def test_c_csharp_and_python_clients_see_the_identical_stream(tmp_path, native_c
 
 
 def test_identical_streams_through_netem_at_10_percent_loss(tmp_path, native_clients):
-    relay = Relay(tmp_path)
+    relay = RelayProcess(tmp_path, RELAY_REPLAY_ENABLED="false")
     netem_port = free_port()
     netem = subprocess.Popen(
         [sys.executable, "-m", "relay.cli", "netem", "--listen", f"127.0.0.1:{netem_port}",
@@ -248,7 +181,8 @@ def test_identical_streams_through_netem_at_10_percent_loss(tmp_path, native_cli
 
 def test_identical_streams_in_token_mode(tmp_path, native_clients):
     key = base64.b64encode(TOKEN_KEY).decode()
-    relay = Relay(tmp_path, RELAY_SECURITY_MODE="token", RELAY_SECURITY_KEYS=f"1:{key}")
+    relay = RelayProcess(tmp_path, RELAY_REPLAY_ENABLED="false", RELAY_SECURITY_MODE="token",
+                         RELAY_SECURITY_KEYS=f"1:{key}")
     tokens = {player: mint_token(TOKEN_KEY, 1, "interop", player, 120).encode()
               for player in ("cs1", "py1", "late")}
     # as a game backend without Python would: the CLI's token text, straight to the C client

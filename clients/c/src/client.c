@@ -39,24 +39,26 @@ uint32_t relay_client_version(void)
 
 void relay_client_default_config(relay_client_config_t *config)
 {
+    rc_conn_config transport;          /* the transport's defaults are written once, in conn.c */
     if (config == NULL)
         return;
+    rc_conn_default_config(&transport);
     memset(config, 0, sizeof *config);
-    config->mtu = 1200;
-    config->connect_timeout = 5.0;
-    config->peer_timeout = 10.0;
-    config->heartbeat_interval = 0.5;
-    config->ack_delay = 1.0 / 30.0;
-    config->max_message_size = 262144;
-    config->reassembly_limit = 524288;
-    config->max_block_size = 8u * 1024 * 1024;
+    config->mtu = transport.mtu;
+    config->connect_timeout = transport.connect_timeout;
+    config->peer_timeout = transport.peer_timeout;
+    config->heartbeat_interval = transport.heartbeat_interval;
+    config->ack_delay = transport.ack_delay;
+    config->max_message_size = transport.max_message_size;
+    config->reassembly_limit = transport.reassembly_limit;
+    config->max_block_size = transport.max_block_size;
+    config->send_queue = transport.send_queue;
     config->max_history_size = 32u * 1024 * 1024;
     config->frame_buffer_bytes = 1024 * 1024;
     config->frame_buffer_count = 4096;
     config->input_delay = 2;
     config->auto_input_delay = 0;
     config->max_input_size = 256;
-    config->send_queue = 1024;
     config->event_queue = 256;
 }
 
