@@ -1,7 +1,8 @@
 /* relay_example.c - a complete lockstep game loop against relay_client.h:
- *   relay_example HOST PORT ROOM PLAYER
+ *   relay_example HOST PORT ROOM PLAYER [FRAMES]
  * Joins ROOM, waits for the match to run, sends one input per frame, applies every frame to
- * a toy deterministic simulation, reports a checksum every 30 frames, leaves after 600. */
+ * a toy deterministic simulation, reports a checksum every 30 frames, leaves after FRAMES
+ * frames (600) or when the room ends. */
 #include "relay_client.h"
 
 #include <stdio.h>
@@ -14,12 +15,15 @@ int main(int argc, char **argv)
     relay_frame_t frame;
     relay_event_t event;
     uint64_t state = 1;                    /* the whole "game": one number */
-    int running = 1;
+    int running = 1, failed = 0;
+    uint32_t frames = 600;
 
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s HOST PORT ROOM PLAYER\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s HOST PORT ROOM PLAYER [FRAMES]\n", argv[0]);
         return 2;
     }
+    if (argc == 6)
+        frames = (uint32_t)atoi(argv[5]);
     relay_client_default_config(&config);
     config.auto_input_delay = 1;           /* follow the relay's INPUT_DELAY advice */
     client = relay_client_create(&config);
@@ -32,13 +36,14 @@ int main(int argc, char **argv)
         relay_client_update(client, relay_client_time());
         while (relay_client_poll_event(client, &event)) {
             if (event.type == RELAY_EVENT_REFUSED || event.type == RELAY_EVENT_DISCONNECTED) {
-                fprintf(stderr, "%s\n", event.code);
+                fprintf(stderr, "%s %s\n", event.code, event.text);
                 running = 0;
+                failed = 1;
             }
             if (event.type == RELAY_EVENT_DESYNC)
                 fprintf(stderr, "desync at frame %u\n", (unsigned)event.frame);
         }
-        while (relay_client_next_frame(client, &frame) == 1) {
+        while (running && relay_client_next_frame(client, &frame) == 1) {
             uint32_t slot;
             for (slot = 0; slot < frame.slot_count; slot++) {   /* apply: inputs in slot order */
                 const uint8_t *input;
@@ -49,7 +54,7 @@ int main(int argc, char **argv)
             }
             if (frame.number % 30 == 29)
                 relay_client_report_checksum(client, frame.number, state);
-            if (frame.number >= 600)
+            if (frame.number + 1 >= frames)
                 running = 0;
         }
         if (relay_client_room_state(client) == RELAY_ROOM_RUNNING) {
@@ -62,5 +67,5 @@ int main(int argc, char **argv)
     printf("stopped at frame %u, state %016llx\n", (unsigned)relay_client_next_frame_number(client),
            (unsigned long long)state);
     relay_client_destroy(client);
-    return 0;
+    return failed;
 }
