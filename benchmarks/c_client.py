@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
 
-    from conftest import build_c_library  # the same build the tests use
+    from native import build_c_library  # the same build the tests use
     build = build_c_library(ROOT / "clients" / "c" / "build-bench", "-DCMAKE_BUILD_TYPE=Release",
                             "-DRELAY_CLIENT_TESTS=OFF")
     frames = room_frames(args.frames)

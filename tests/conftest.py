@@ -50,3 +50,11 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def c_build():
+    """The C client library (clients/c), built once per session (tests/clients/native.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "clients"))
+    from native import build_c_library
+    return build_c_library()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import C_SOURCE, build_c_library
+from native import C_SOURCE, build_c_library
 
 BUILD_ROOT = C_SOURCE
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, build_c_library
+from native import ROOT, build_c_library
 from relay_process import FNV_OFFSET, RelayProcess, fnv1a, frame_bytes, free_port
 
 from relay.client import RelayClient

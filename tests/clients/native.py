@@ -1,13 +1,14 @@
-"""Shared fixtures for the native clients (clients/c, clients/csharp).
+"""Building the native clients for the tests (clients/c).
 
-The C library is built once per test session with CMake into clients/c/build (the same
-directory .ci/run and a developer use); a missing toolchain is a failure, not a skip."""
+The C library is built with CMake into clients/c/build (the same directory a developer uses;
+tests/conftest.py's ``c_build`` fixture builds it once per session); a missing toolchain is a
+failure, not a skip. Not a conftest.py: tests/conftest.py is imported as ``conftest`` by the
+core's tests, and a second one would take its place."""
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 C_SOURCE = ROOT / "clients" / "c"
@@ -27,8 +28,3 @@ def build_c_library(build_dir: Path = C_BUILD, *extra_args: str) -> Path:
     if result.returncode != 0:
         raise RuntimeError(f"building clients/c failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return build_dir
-
-
-@pytest.fixture(scope="session")
-def c_build() -> Path:
-    return build_c_library()
