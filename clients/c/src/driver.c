@@ -32,6 +32,29 @@ typedef int rc_socket;
 #  define rc_close_socket close
 #endif
 
+/* Whether a datagram came from the relay: the family, port and address of the socket address
+ * relay_client_open resolved. Anything else is not ours to read (PROTOCOL 8.10: a client
+ * answers path challenges from its server's address only). */
+static int from_relay(const relay_client_t *client, const struct sockaddr_storage *from)
+{
+    const struct sockaddr *relay = (const struct sockaddr *)(const void *)client->address;
+    if (from->ss_family != relay->sa_family)
+        return 0;
+    if (relay->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)(const void *)from;
+        const struct sockaddr_in *b = (const struct sockaddr_in *)(const void *)relay;
+        return a->sin_port == b->sin_port
+               && memcmp(&a->sin_addr, &b->sin_addr, sizeof a->sin_addr) == 0;
+    }
+    if (relay->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)(const void *)from;
+        const struct sockaddr_in6 *b = (const struct sockaddr_in6 *)(const void *)relay;
+        return a->sin6_port == b->sin6_port
+               && memcmp(&a->sin6_addr, &b->sin6_addr, sizeof a->sin6_addr) == 0;
+    }
+    return 0;
+}
+
 static rc_socket socket_of(const relay_client_t *client)
 {
     return (rc_socket)client->socket_handle;
@@ -201,6 +224,10 @@ int relay_client_update(relay_client_t *client, double now)
                 continue;
 #endif
             break;
+        }
+        if (!from_relay(client, &from)) {
+            client->datagrams_dropped++;
+            continue;
         }
         relay_client_receive(client, buffer, (size_t)received, now);
     }
