@@ -195,6 +195,9 @@ class Room(RoomCore):
                                               f"expired {self.settings.reconnect_grace:g} s after it left")
         slot.peer_id = peer_id
         slot.away_since = None
+        # A reconnect sends READY again (RELAY_PROTOCOL 6.2, 10), also when it replaced a
+        # connection that was still up (whose mark no leave had cleared).
+        slot.ready = False
         member = self._admit(peer_id, slot.player, slot.index, spectator=False)
         self.pending_events.append(["reconnect", slot.index, slot.player])
         self.events.append(RoomEvent("reconnected", {"player": slot.player, "slot": slot.index,
