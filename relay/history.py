@@ -18,6 +18,7 @@ equality with a list.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from array import array
 from typing import Optional, Union
@@ -30,6 +31,11 @@ SPILL_FRAMES = 32
 
 MAX_FRAME_SIZE = 1 << 32
 """Bound on a spooled frame's length prefix (far above any frame a channel can carry)."""
+
+
+_FRAME_OVERHEAD = sys.getsizeof(b"") + 8
+"""Bytes a frame kept in memory costs beyond its payload: the bytes object's header (33 in
+CPython) and the list's reference to it."""
 
 
 class FrameHistory:
@@ -141,8 +147,9 @@ class FrameHistory:
                 f"{self._size} bytes spooled)")
 
     def memory_bytes(self) -> int:
-        """Bytes this history holds in memory (frame objects, offsets, an in-memory spool)."""
-        return (sum(len(frame) + 33 for frame in self._recent)
+        """Bytes this history holds in memory (frame objects and the references to them,
+        offsets, an in-memory spool)."""
+        return (sum(len(frame) + _FRAME_OVERHEAD for frame in self._recent)
                 + self._chunk_ends.itemsize * len(self._chunk_ends)
                 + (len(self._memory) if self._memory is not None else 0))
 

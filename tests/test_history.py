@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import sys
+import zlib
 
 import pytest
 
 from relay import history as history_module
+from relay import protocol
 from relay.history import SPILL_FRAMES, FrameHistory
 
 
@@ -85,3 +88,154 @@ def test_memory_does_not_grow_a_word_per_frame_over_a_long_match():
     assert history.memory_bytes() < 30 * 3600 * 8 / SPILL_FRAMES + (64 + SPILL_FRAMES) * 60
     assert history[12345] == frame and history[-1] is frame
     history.close()
+
+
+# -- equality (tests compare histories with lists of frames) ------------------------------------
+
+def test_a_history_equals_only_a_list_of_the_same_frames():
+    expected = frames(100)
+    history = FrameHistory(keep=10)               # frames 0..63 spooled, the rest in memory
+    for data in expected:
+        history.append(data)
+    assert history._spilled_count() > 0
+    assert history == list(expected) and not history != list(expected)
+    assert history != [b"x"] * 100, "same length, other frames"
+    for changed in (0, 40, 99):                   # in a spooled chunk and among the recent ones
+        other = list(expected)
+        other[changed] = other[changed] + b"!"
+        assert history != other
+    assert history != expected[:99] and history != expected + [b""]
+    twin, stranger = FrameHistory(keep=3), FrameHistory(keep=50)
+    for data in expected:
+        twin.append(data)
+        stranger.append(data[::-1])
+    assert history == twin and history != stranger
+    assert history != tuple(expected) and history != "frames"
+
+
+# -- memory_bytes --------------------------------------------------------------------------------
+
+def test_memory_bytes_grows_by_at_least_the_frames_held_in_memory():
+    # The frames kept in memory are the bytes objects themselves plus the history's reference
+    # to each: memory_bytes may not count less than that. At most 64 bytes a frame above the
+    # payload (a bytes object's header is 33 bytes in CPython, a list slot 8) keeps it honest.
+    history = FrameHistory(keep=40)
+    before = history.memory_bytes()
+    held = [b"\xc1" + bytes([n]) * (100 + n) for n in range(40)]   # none spooled yet
+    for data in held:
+        history.append(data)
+    assert history._spilled_count() == 0
+    grown = history.memory_bytes() - before
+    payload = sum(len(data) for data in held)
+    assert grown >= payload
+    assert grown >= sum(sys.getsizeof(data) + 8 for data in held)
+    assert grown <= payload + 64 * len(held)
+
+
+def test_memory_bytes_counts_the_in_memory_spool_after_a_spool_failure(monkeypatch):
+    def full_disk(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(history_module.os, "pwrite", full_disk)
+    history = FrameHistory(keep=4)
+    stored = frames(400)
+    for data in stored:
+        history.append(data)
+    assert history._spilled_count() > 0 and history._file is None
+    # Every frame, spooled or not, is in memory now: at least its bytes.
+    assert history.memory_bytes() >= sum(len(data) for data in stored)
+    assert history == stored
+
+
+# -- a failing spool file leaks no file descriptor -----------------------------------------------
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_failed_spool_write_closes_its_file(monkeypatch, tmp_path):
+    def full_disk(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(history_module.os, "pwrite", full_disk)
+    before = open_fds()
+    histories = [FrameHistory(keep=2, directory=str(tmp_path)) for _ in range(5)]
+    for history in histories:
+        for data in frames(100):
+            history.append(data)
+        assert history._file is None
+    assert open_fds() == before
+    for history in histories:
+        assert list(history) == frames(100)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_spool_failing_after_a_good_start_closes_its_file(monkeypatch, tmp_path):
+    # The first chunks went to the file; then the disk fills: they are read back into memory
+    # and the file is closed.
+    before = open_fds()
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    for data in frames(100):
+        history.append(data)
+    assert history._file is not None and open_fds() == before + 1
+    spool = history._file
+
+    def full_disk(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(history_module.os, "pwrite", full_disk)
+    for data in frames(200)[100:]:
+        history.append(data)
+    assert spool.closed and history._file is None
+    assert open_fds() == before
+    assert history == frames(200)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_spool_file_that_cannot_be_created_leaves_no_descriptor(monkeypatch, tmp_path):
+    def no_file(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(history_module.tempfile, "TemporaryFile", no_file)
+    before = open_fds()
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    for data in frames(100):
+        history.append(data)
+    assert open_fds() == before and history == frames(100)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_close_releases_the_spool_file(tmp_path):
+    before = open_fds()
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    for data in frames(100):
+        history.append(data)
+    assert open_fds() == before + 1
+    history.close()
+    assert open_fds() == before
+
+
+# -- the inflated-size guard of history blocks ---------------------------------------------------
+
+def test_a_history_block_inflating_past_max_size_is_refused():
+    stored = [bytes(1000)] * 100                  # ~100 KB that compress to very little
+    block = protocol.encode_history(7, stored)
+    inflated = len(zlib.decompress(block))
+    assert len(block) < inflated // 50
+    assert protocol.decode_history(block) == (7, stored)
+    assert protocol.decode_history(block, max_size=inflated) == (7, stored)
+    for limit in (inflated - 1, inflated // 2, 1024):
+        with pytest.raises(protocol.ProtocolError) as refusal:
+            protocol.decode_history(block, max_size=limit)
+        assert refusal.value.code == "too_large"
+
+
+def test_a_room_history_block_decodes_within_the_sdk_limit():
+    # What the relay sends for a spooled history reads back through the guarded decoder.
+    history = FrameHistory(keep=4)
+    stored = frames(300)
+    for data in stored:
+        history.append(data)
+    first, decoded = protocol.decode_history(protocol.encode_history(0, history[0:300]))
+    assert (first, decoded) == (0, stored)
