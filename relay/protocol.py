@@ -89,9 +89,14 @@ def unpack(data: bytes) -> list:
                                   max_map_len=len(data))
     except Exception as error:   # msgpack raises several unrelated types for bad input
         raise ProtocolError("malformed", f"not msgpack: {error}") from None
-    if not isinstance(message, list) or not message or not isinstance(message[0], int):
+    if not isinstance(message, list) or not message or not _is_int(message[0]):
         raise ProtocolError("malformed", "a message is an array starting with its type")
     return message
+
+
+def _is_int(value: Any) -> bool:
+    """A msgpack integer (msgpack true/false decode as bool, a subclass of int: not integers)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _name(value: Any, what: str) -> str:
@@ -101,7 +106,7 @@ def _name(value: Any, what: str) -> str:
 
 
 def _frame_number(value: Any) -> int:
-    if not isinstance(value, int) or not 0 <= value < FRAME_NUMBER_LIMIT:
+    if not _is_int(value) or not 0 <= value < FRAME_NUMBER_LIMIT:
         raise ProtocolError("bad_frame", "frame numbers are integers in 0..2^32-1")
     return value
 
@@ -153,12 +158,12 @@ def decode_client_message(data: bytes):
             payload, have = message[2], message[3]
             if not isinstance(payload, bytes):
                 raise ProtocolError("malformed", "INPUT payload must be bytes")
-            if not isinstance(have, int) or not -1 <= have < FRAME_NUMBER_LIMIT:
+            if not _is_int(have) or not -1 <= have < FRAME_NUMBER_LIMIT:
                 raise ProtocolError("bad_frame", "INPUT 'have' must be -1 or a frame number")
             return Input(_frame_number(message[1]), payload, have)
         if kind == CHECKSUM:
             value = message[2]
-            if not isinstance(value, int) or not -2**63 <= value < 2**64:
+            if not _is_int(value) or not -2**63 <= value < 2**64:
                 raise ProtocolError("malformed", "CHECKSUM value must be a 64-bit integer")
             return Checksum(_frame_number(message[1]), value)
         if kind in (READY, LEAVE):
@@ -447,11 +452,18 @@ def decode_history(block: bytes, max_size: int = 64 * 1024 * 1024) -> tuple[int,
         raw = inflater.decompress(block, max_size)
         if inflater.unconsumed_tail:
             raise ProtocolError("too_large", "history block expands past the size limit")
+        if not inflater.eof or inflater.unused_data:
+            raise ProtocolError("malformed", "history block is not one complete zlib stream")
         first, frames = msgpack.unpackb(raw, raw=False)
     except ProtocolError:
         raise
     except Exception as error:
         raise ProtocolError("malformed", f"bad history block: {error}") from None
+    if (not _is_int(first) or not isinstance(frames, list)
+            or not all(isinstance(frame, bytes) for frame in frames)
+            or not 0 <= first <= FRAME_NUMBER_LIMIT - max(len(frames), 1)):
+        raise ProtocolError("malformed", "a history block is [first_frame: u32, [frame: bin, ...]] "
+                                         "with every frame number below 2^32")
     return first, frames
 
 

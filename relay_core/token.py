@@ -215,6 +215,8 @@ def open_token(keys: Mapping[int, bytes], private: bytes, unix_now: float) -> To
         room, pos = _read_name(plaintext, pos)
         player, pos = _read_name(plaintext, pos)
         (length,) = struct.unpack_from("<H", plaintext, pos)
+        if length > MAX_USER_DATA:
+            raise ValueError(f"user_data of {length} bytes")
         user_data = plaintext[pos + 2:pos + 2 + length]
         if len(user_data) != length or pos + 2 + length != len(plaintext) or not room or not player:
             raise ValueError("bad layout")

@@ -1,0 +1,206 @@
+"""Every range check of relay/config.py at its edges: the boundary value is accepted and one
+past it is refused with a ConfigError whose message starts with the key (issue #24). Values go
+through load_config's environment overrides, the path `relay serve` uses."""
+from __future__ import annotations
+
+import base64
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from relay.config import ConfigError, load_config
+
+CONFIG_SOURCE = (Path(__file__).resolve().parent.parent / "relay" / "config.py").read_text()
+
+KEY_B64 = base64.b64encode(bytes(range(32))).decode()
+MAX_KEY_ID = 2**32 - 1
+
+
+def below(value):
+    return value - 1 if isinstance(value, int) else math.nextafter(value, -math.inf)
+
+
+def above(value):
+    return value + 1 if isinstance(value, int) else math.nextafter(value, math.inf)
+
+
+def env(settings: dict) -> dict:
+    """{"rooms.capacity": 3} -> {"RELAY_ROOMS_CAPACITY": "3"}"""
+    return {"RELAY_" + key.replace(".", "_").upper(): str(value) for key, value in settings.items()}
+
+
+def load(settings: dict):
+    return load_config(None, environ=env(settings))
+
+
+# (key, boundary value, the value one past it, other settings the boundary needs)
+RANGES = [
+    ("server.udp_port", 0, -1, {}),
+    ("server.udp_port", 65535, 65536, {}),
+    ("server.http_port", 0, -1, {}),
+    ("server.http_port", 65535, 65536, {}),
+    ("server.tick_rate", 10, 9, {}),
+    ("server.tick_rate", 120, 121, {}),
+    ("server.drain_timeout", 0.0, below(0.0), {}),
+    ("server.drain_timeout", 86400.0, above(86400.0), {}),
+    ("server.shutdown_timeout", 0.1, below(0.1), {}),
+    ("server.shutdown_timeout", 300.0, above(300.0), {}),
+    ("server.max_peers", 1, 0, {}),
+    ("server.max_peers", 1_000_000, 1_000_001, {}),
+    ("server.join_timeout", 1.0, below(1.0), {}),
+    ("server.join_timeout", 3600.0, above(3600.0), {}),
+    ("server.mtu", 1072, 1071, {}),
+    ("server.mtu", 16384, 16385, {}),
+    ("server.max_pending_messages", 16, 15, {}),
+    ("server.max_pending_messages", 1_000_000, 1_000_001, {}),
+    ("server.reassembly_limit", 262144, 262143, {}),
+    ("server.reassembly_limit", 2**32, 2**32 + 1, {}),
+    ("server.block_memory_limit", 32 * 1024 * 1024, 32 * 1024 * 1024 - 1, {}),
+    ("server.block_memory_limit", 2**40, 2**40 + 1, {}),
+    ("rooms.max_rooms", 1, 0, {}),
+    ("rooms.max_rooms", 1_000_000, 1_000_001, {}),
+    ("rooms.capacity", 1, 0, {"rooms.start_players": 1}),
+    ("rooms.capacity", 256, 257, {}),
+    ("rooms.start_players", 1, 0, {}),
+    ("rooms.start_players", 5, 6, {"rooms.capacity": 5}),
+    ("rooms.empty_timeout", 0.0, below(0.0), {}),
+    ("rooms.empty_timeout", 86400.0, above(86400.0), {}),
+    ("rooms.max_input_bytes", 1, 0, {}),
+    ("rooms.max_input_bytes", 4096, 4097, {}),
+    ("rooms.max_input_lead", 1, 0, {}),
+    ("rooms.max_input_lead", 10_000, 10_001, {}),
+    ("rooms.player_timeout", 1.0, below(1.0), {}),
+    ("rooms.player_timeout", 3600.0, above(3600.0), {}),
+    ("rooms.reconnect_grace", 0.0, below(0.0), {}),
+    ("rooms.reconnect_grace", 86400.0, above(86400.0), {}),
+    ("rooms.spectator_delay", 0, -1, {}),
+    ("rooms.spectator_delay", 100_000, 100_001, {}),
+    ("rooms.max_spectators", 0, -1, {}),
+    ("rooms.max_spectators", 10_000, 10_001, {}),
+    ("rooms.catchup_frames", 2, 1, {}),
+    ("rooms.catchup_frames", 1_000_000, 1_000_001, {}),
+    ("rooms.checksum_window", 1, 0, {}),
+    ("rooms.checksum_window", 1_000_000, 1_000_001, {}),
+    ("rooms.input_delay_percentile", 50.0, below(50.0), {}),
+    ("rooms.input_delay_percentile", 100.0, above(100.0), {}),
+    ("rooms.input_delay_margin", 0.0, below(0.0), {}),
+    ("rooms.input_delay_margin", 1.0, above(1.0), {}),
+    ("rooms.input_delay_min", 1, 0, {}),
+    ("rooms.input_delay_min", 1000, 1001, {"rooms.input_delay_max": 1000}),
+    ("rooms.input_delay_max", 4, 3, {"rooms.input_delay_min": 4}),     # never below min
+    ("rooms.input_delay_max", 1000, 1001, {}),
+    ("rooms.input_delay_window", 10, 9, {}),
+    ("rooms.input_delay_window", 10_000, 10_001, {}),
+    ("rooms.input_delay_interval", 0.1, below(0.1), {}),
+    ("rooms.input_delay_interval", 3600.0, above(3600.0), {}),
+    ("replay.max_bytes", 1024, 1023, {}),
+    ("replay.max_bytes", 2**40, 2**40 + 1, {"replay.max_disk_bytes": 0}),
+    ("replay.max_disk_bytes", 256 * 1024 * 1024, 256 * 1024 * 1024 - 1, {}),  # >= max_bytes
+    ("replay.max_disk_bytes", 2**50, 2**50 + 1, {}),
+    ("security.mint_key_id", -1, -2, {}),
+    ("security.mint_key_id", MAX_KEY_ID, MAX_KEY_ID + 1,
+     {"security.keys": f"{MAX_KEY_ID}:{KEY_B64}"}),
+    ("security.handshake_rate", 0.1, below(0.1), {}),
+    ("security.handshake_rate", 1_000_000.0, above(1_000_000.0), {}),
+    ("security.handshake_burst", 1, 0, {}),
+    ("security.handshake_burst", 1_000_000, 1_000_001, {}),
+]
+
+
+@pytest.mark.parametrize("key, good, bad, extra", RANGES,
+                         ids=[f"{row[0]}={row[1]!r}" for row in RANGES])
+def test_range_boundary_is_accepted_and_one_past_it_refused_naming_the_key(key, good, bad, extra):
+    section, name = key.split(".")
+    config = load({**extra, key: good})
+    assert getattr(getattr(config, section), name) == good
+    with pytest.raises(ConfigError) as caught:
+        load({**extra, key: bad})
+    assert str(caught.value).startswith(f"{key}="), str(caught.value)
+
+
+def test_the_table_covers_every_range_check_in_config_py():
+    checked = set(re.findall(r'_check_range\("([a-z_]+\.[a-z_]+)"', CONFIG_SOURCE))
+    checked |= {"security.handshake_rate"}            # its own check: 0 or 0.1..1000000
+    assert len(checked) >= 34            # guards the pattern itself
+    tabled = {row[0] for row in RANGES}
+    assert checked - tabled == set(), "range checks without a boundary test"
+    assert tabled - checked == set(), "rows for checks that no longer exist"
+    for key in checked:               # both ends of each range
+        assert sum(row[0] == key for row in RANGES) == 2, key
+
+
+def test_handshake_rate_0_means_unlimited_and_is_accepted():
+    assert load({"security.handshake_rate": 0.0}).security.handshake_rate == 0.0
+    with pytest.raises(ConfigError, match=r"^security\.handshake_rate="):
+        load({"security.handshake_rate": -0.1})
+
+
+def test_max_disk_bytes_0_means_no_cap_and_1_is_refused():
+    assert load({"replay.max_disk_bytes": 0}).replay.max_disk_bytes == 0
+    with pytest.raises(ConfigError, match=r"^replay\.max_disk_bytes="):
+        load({"replay.max_disk_bytes": 1})
+
+
+def test_mint_key_id_within_range_must_name_a_key():
+    with pytest.raises(ConfigError, match=r"^security\.mint_key_id=5: no key"):
+        load({"security.mint_key_id": 5, "security.keys": f"4:{KEY_B64}"})
+
+
+@pytest.mark.parametrize("key, value", [
+    ("rooms.player_timeout", 0.0), ("server.max_peers", 0), ("rooms.input_delay_max", 0),
+])
+def test_the_settings_mutation_testing_found_unchecked_are_refused(key, value):
+    with pytest.raises(ConfigError) as caught:
+        load({key: value})
+    assert str(caught.value).startswith(f"{key}=")
+
+
+def test_input_delay_max_below_input_delay_min_is_refused():
+    assert load({"rooms.input_delay_min": 5, "rooms.input_delay_max": 5}).rooms.input_delay_max == 5
+    with pytest.raises(ConfigError, match=r"^rooms\.input_delay_max=4: allowed 5\.\.1000"):
+        load({"rooms.input_delay_min": 5, "rooms.input_delay_max": 4})
+
+
+# -- rooms.neutral_input ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["zz", "0", "0g", "00 f", "é0", "0x00", "000"])
+def test_neutral_input_that_is_not_hex_bytes_is_a_config_error_naming_the_key(text):
+    with pytest.raises(ConfigError) as caught:
+        load({"rooms.neutral_input": text})
+    assert str(caught.value).startswith("rooms.neutral_input=")
+
+
+def test_neutral_input_of_max_input_bytes_is_accepted_and_one_byte_more_refused():
+    rooms = load({"rooms.max_input_bytes": 4, "rooms.neutral_input": "00ff00ff",
+                  "rooms.missing_input_policy": "neutral"}).rooms
+    assert rooms.neutral_input_bytes == b"\x00\xff\x00\xff"
+    with pytest.raises(ConfigError, match=r"^rooms\.neutral_input=.*rooms\.max_input_bytes=4"):
+        load({"rooms.max_input_bytes": 4, "rooms.neutral_input": "00ff00ff00"})
+
+
+def test_neutral_policy_without_a_neutral_input_is_refused():
+    with pytest.raises(ConfigError, match=r"^rooms\.neutral_input="):
+        load({"rooms.missing_input_policy": "neutral"})
+    assert load({"rooms.missing_input_policy": "neutral",
+                 "rooms.neutral_input": "00"}).rooms.neutral_input_bytes == b"\x00"
+
+
+# -- a full frame must fit one 256 KiB (262144-byte) message ---------------------------------
+
+def test_a_full_frame_of_exactly_256_kib_fits_and_one_input_byte_more_does_not():
+    # capacity x (max_input_bytes + 5) + 64 bytes: 64 x (4090 + 5) + 64 == 262144
+    rooms = load({"rooms.capacity": 64, "rooms.max_input_bytes": 4090}).rooms
+    assert rooms.capacity * (rooms.max_input_bytes + 5) + 64 == 262144
+    with pytest.raises(ConfigError) as caught:
+        load({"rooms.capacity": 64, "rooms.max_input_bytes": 4091})
+    message = str(caught.value)
+    assert message.startswith("rooms.capacity=64") and "rooms.max_input_bytes=4091" in message
+    assert "256 KiB" in message
+
+
+def test_the_largest_room_fits_with_inputs_of_1018_bytes_not_1019():
+    assert load({"rooms.capacity": 256, "rooms.max_input_bytes": 1018}).rooms.capacity == 256
+    with pytest.raises(ConfigError, match=r"^rooms\.capacity=256"):
+        load({"rooms.capacity": 256, "rooms.max_input_bytes": 1019})
