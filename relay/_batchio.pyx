@@ -410,7 +410,16 @@ cdef class BatchSocket:
         cdef bint again = False
         cdef object data, address
         cdef object failure
-        if type(datagrams) is not list and type(datagrams) is not tuple:
+        # Indexed unchecked below, so a private snapshot: the caller's list may change during
+        # the call (an address's __hash__ runs Python code; another thread runs while the GIL
+        # is released around sendmmsg). Of a list, only what is to be sent is copied.
+        if type(datagrams) is list:
+            total = len(datagrams)
+            if start < 0 or start > total:
+                raise IndexError(f"start {start} outside 0-{total}")
+            datagrams = (<list>datagrams)[start:]
+            start = 0
+        elif type(datagrams) is not tuple:
             datagrams = list(datagrams)
         total = len(datagrams)
         if start < 0 or start > total:

@@ -19,6 +19,7 @@ accepts or rejects it with a reason.
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint32_t, int64_t
 from cpython.mem cimport PyMem_Malloc, PyMem_Calloc, PyMem_Free
+from cpython.object cimport PyObject_GetItem
 from libc.math cimport ceil
 from libc.string cimport memcpy
 
@@ -94,6 +95,8 @@ cdef Py_ssize_t _parse_input(const uint8_t* p, Py_ssize_t n, int64_t* frame, Py_
 cpdef tuple decode_input(bytes data):
     """(frame, payload, have) of an INPUT message in canonical msgpack, else None (anything
     else, valid or not, is for relay.protocol.decode_client_message)."""
+    if data is None:
+        raise TypeError("data must be bytes, not None")
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
     cdef Py_ssize_t start, length
     cdef int64_t frame = 0, have = 0
@@ -130,7 +133,10 @@ def encode_frame(frame, previous=None):
     encodes one frame per tick. Frames with membership events take the Python encoder."""
     if frame.events:
         return _protocol_encode(frame, previous)
-    cdef list inputs = frame.inputs
+    # Private copies: the inputs are indexed unchecked and sized in one pass, written in the
+    # next, and comparing with ``previous`` may run Python code (an item's __eq__) that
+    # changes the caller's lists in between.
+    cdef list inputs = list(frame.inputs)
     cdef list synthesized = frame.synthesized
     cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3
     cdef Py_ssize_t slot, size, pos, length, previous_count
@@ -138,8 +144,9 @@ def encode_frame(frame, previous=None):
     cdef bint any_same = False
     cdef bytearray present, same, synth
     cdef object payload
-    if previous is None:
-        previous = ()
+    if number < 0:
+        raise ValueError(f"frame.number must be >= 0, got {number}")
+    previous = () if previous is None else tuple(previous)
     previous_count = len(previous)
     present = bytearray(width)
     same = bytearray(width)
@@ -413,6 +420,8 @@ cdef class RoomCore:
 
     def record_close(self, long long number, double now):
         """Frame ``number`` closed at ``now`` (inputs naming it as held are timed from then)."""
+        if number < 0:
+            raise ValueError(f"number must be >= 0, got {number}")     # its slot: number % KEPT
         self.closed_numbers[number % CLOSE_TIMES_KEPT] = number
         self.closed_at[number % CLOSE_TIMES_KEPT] = now
 
@@ -428,6 +437,8 @@ cdef class RoomCore:
         cdef Py_ssize_t index
         cdef Slot slot
         for slot in self.slots:
+            if slot is None:
+                raise TypeError("slots must hold Slot objects, not None")
             index = slot.index
             value = received.get(index) if received is not None else None
             if value is None and make_up and slot.peer_id is not None:
@@ -451,14 +462,20 @@ cdef class RoomCore:
         (``_advise_input_delay``)."""
         cdef list broadcast = [] if self.broadcast_frames else None
         cdef Member member
+        if advice_every < 1:
+            raise ValueError(f"advice_every must be at least 1, got {advice_every}")   # a divisor
         for member in self.members.values():
+            if member is None:
+                raise TypeError("members must hold Member objects, not None")
             if not member.catching_up and (member.missing_from is not None or (
                     member.reported and number - <long long>member.have > catchup_frames)):
                 self._maybe_catch_up(member)
             if member.spectator:
                 if spectator_frame >= <long long>member.next_live:
                     member.last_sent = spectator_frame
-                    self._send_stream(member.peer_id, self.history[spectator_frame])
+                    # PyObject_GetItem, not the unchecked list fast path: history is the
+                    # subclass's attribute, and a list there must not be read past its end.
+                    self._send_stream(member.peer_id, PyObject_GetItem(self.history, spectator_frame))
             else:
                 member.last_sent = number
                 if broadcast is None:
@@ -470,7 +487,7 @@ cdef class RoomCore:
                     self._advise_input_delay(member, now)
         return broadcast
 
-    def on_input_fields(self, int peer_id, long long frame, bytes payload, long long have,
+    def on_input_fields(self, int peer_id, long long frame, bytes payload not None, long long have,
                         now=None):
         """Buffer one input; returns the outcome: accepted, late, duplicate, or
         refused:<reason>. ``now`` (the arrival time) times the input for the input-delay
@@ -575,6 +592,8 @@ cdef class InputRouter(MessageSink):
         return 1
 
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1:
+        if payload is None:
+            raise TypeError("payload must be bytes, not None")
         return self._accept(peer_id, payload, now, None) == 1
 
     def route(self, endpoint, object on_other, object on_refused, double now):

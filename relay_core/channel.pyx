@@ -87,8 +87,18 @@ cdef class SentUnits:
         self.tail = first
 
 
+cdef int check_window(str name, int window) except -1:
+    """Window slots are found by id % size, unchecked: a power of two a SequenceBuffer takes."""
+    if not 1 <= window <= 32768 or window & (window - 1):
+        raise ValueError(f"{name} must be a power of two in 1..32768, got {window}")
+    return 0
+
+
 cdef class SendChannel:
     def __init__(self, int channel_id, int mode, int max_pending):
+        # Sent packets remember the channel in one byte (SentUnit.channel).
+        if not 0 <= channel_id <= 255:
+            raise ValueError(f"channel_id must be 0..255, got {channel_id}")
         self.channel_id = channel_id
         self.mode = mode
         self.max_pending = max_pending
@@ -160,6 +170,11 @@ cdef class ReliableSendChannel(SendChannel):
                  Py_ssize_t fragment_size, Py_ssize_t whole_limit, int max_fragments_in_flight,
                  int max_resends, double rto_limit):
         SendChannel.__init__(self, channel_id, mode, max_pending)
+        check_window("window", window)
+        if fragment_size < 1:
+            raise ValueError(f"fragment_size must be at least 1, got {fragment_size}")     # a divisor
+        if whole_limit < 0:
+            raise ValueError(f"whole_limit must be >= 0, got {whole_limit}")
         self.window = window
         # Storage for the ids in flight starts small and doubles up to the window when more are
         # outstanding: a player's stream has one or two frames unacked on a good link, and the
@@ -505,8 +520,10 @@ cdef inline bytes record_payload(Record* r, bytes datagram):
 
 
 cdef class OrderedReceiveChannel(ReceiveChannel):
-    def __init__(self, int channel_id, int window, MemoryBudget budget, Py_ssize_t max_message_size):
+    def __init__(self, int channel_id, int window, MemoryBudget budget not None,
+                 Py_ssize_t max_message_size):
         ReceiveChannel.__init__(self, channel_id)
+        check_window("window", window)
         self.window = window
         # No storage until a message arrives ahead of the one delivery waits for.
         self.slots = None

@@ -29,6 +29,7 @@ from collections import deque
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
@@ -69,6 +70,16 @@ cdef inline bint due_before(DueEntry* a, DueEntry* b) noexcept:
 
 cdef inline uint32_t time_ms32(double now) noexcept:
     return <uint32_t>(<int64_t>(now * 1000.0) & 0xFFFFFFFF)
+
+
+cdef inline bytes as_datagram(object data):
+    """A received datagram as bytes; anything but bytes or a buffer is a misuse (bytes(5)
+    would make five zero bytes of it, bytes(None) is no datagram)."""
+    if type(data) is bytes:
+        return <bytes>data
+    if PyObject_CheckBuffer(data):
+        return bytes(data)
+    raise TypeError(f"data must be bytes or a buffer, not {type(data).__name__}")
 
 
 cdef class Endpoint:
@@ -129,7 +140,11 @@ cdef class Endpoint:
     cdef uint64_t closed_redundant_bytes
 
     def __init__(self, config=None, unix_offset=None):
+        if config is not None and not isinstance(config, EndpointConfig):
+            raise TypeError(f"config must be a relay_core.EndpointConfig, got {type(config).__name__}")
         self.config = (config if config is not None else EndpointConfig()).validate()
+        if not isinstance(self.config, EndpointConfig):
+            raise TypeError(f"config.validate() must return an EndpointConfig, got {type(self.config).__name__}")
         self.peers_by_address = {}
         self.peers = {}
         self.sessions = {}
@@ -280,22 +295,27 @@ cdef class Endpoint:
 
     def receive(self, data, address, double now):
         """Process one datagram from ``address``. Never raises for bad input: a datagram that
-        cannot be used is counted in ``drops`` under its reason."""
-        self._receive(data, address, now)
+        cannot be used is counted in ``drops`` under its reason. (``data`` that is not bytes or
+        a buffer at all is a programming error: TypeError.)"""
+        self._receive(as_datagram(data), address, now)
 
     def receive_batch(self, list datagrams, double now):
         """``receive`` for each (data, address) of a list (a recvmmsg batch) in one call;
         returns the number of bytes received."""
-        cdef Py_ssize_t size = 0
+        cdef Py_ssize_t size = 0, index = 0
         cdef tuple item
+        cdef bytes datagram
         for item in datagrams:
-            data = item[0]
-            size += len(data)
-            self._receive(data, item[1], now)
+            # Checked once per datagram, not per byte: the indexing below is unchecked.
+            if item is None or len(item) != 2:
+                raise ValueError(f"datagrams[{index}] must be a (data, address) tuple, got {item!r:.80}")
+            datagram = as_datagram(item[0])
+            size += len(datagram)
+            self._receive(datagram, item[1], now)
+            index += 1
         return size
 
-    cdef void _receive(self, object data, object address, double now):
-        cdef bytes datagram = data if type(data) is bytes else bytes(data)
+    cdef void _receive(self, bytes datagram, object address, double now):
         cdef Py_ssize_t n = len(datagram)
         cdef const uint8_t* p = <const uint8_t*><const char*>datagram
         cdef int ptype, rc
@@ -547,7 +567,10 @@ cdef class Endpoint:
 
     def channel_snapshot(self, int peer_id, int channel):
         """A reliable channel's send window, for tests and debugging."""
-        return (<Peer>self.peers[peer_id]).channel_snapshot(channel)
+        cdef Peer peer = self.peers[peer_id]
+        if not 0 <= channel < len(self.size_limits):
+            raise IndexError(f"channel {channel} does not exist (0..{len(self.size_limits) - 1})")
+        return peer.channel_snapshot(channel)
 
     def peer_address(self, int peer_id):
         return (<Peer>self.peers[peer_id]).address
@@ -606,7 +629,7 @@ cdef class Endpoint:
         if self.handshake_rate <= 0.0:
             return False
         # Per IP, not per port: a flooder picks ports freely.
-        source = address[0] if type(address) is tuple else address
+        source = address[0] if type(address) is tuple and len(address) > 0 else address
         bucket = self.handshake_buckets.pop(source, None)
         if bucket is None:
             if len(self.handshake_buckets) >= self.handshake_sources:

@@ -150,6 +150,7 @@ cdef class Peer:
     cdef void detect_gaps(self, uint16_t newest, double now)
     cdef void on_packet_lost(self, SentPacket* packet, double now)
     cdef void keep_unacked_units(self) noexcept
+    cdef int _check_channel(self, int channel) except -1
 
     cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""

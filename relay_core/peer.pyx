@@ -72,7 +72,8 @@ cdef class MessageSink:
 
 cdef class Peer:
     def __init__(self, int peer_id, object address, object config, object events, double now,
-                 uint32_t connect_id, MemoryBudget block_budget, int reserve=0, object token=None):
+                 uint32_t connect_id, MemoryBudget block_budget not None, int reserve=0,
+                 object token=None):
         cdef int n, i
         self.peer_id = peer_id
         # Sizes are fixed when the channels are built, before a client knows whether the server
@@ -92,6 +93,9 @@ cdef class Peer:
         self.received_packets = SequenceBuffer(config.received_packet_window)
         # One record per packet in one array: an ack reads one cache line, not five.
         n = config.sent_packet_buffer
+        # Slots are found by seq & (n - 1), unchecked: n must be a power of two.
+        if not 1 <= n <= 32768 or n & (n - 1):
+            raise ValueError(f"config.sent_packet_buffer must be a power of two in 1..32768, got {n}")
         self.sent_size = n
         self.sent = <SentPacket*>PyMem_Malloc(n * sizeof(SentPacket))
         if self.sent == NULL:
@@ -674,13 +678,21 @@ cdef class Peer:
 
     # -- Python-level access ---------------------------------------------------------------
 
+    cdef int _check_channel(self, int channel) except -1:
+        # send_channels and recv_channels are indexed unchecked (boundscheck=False).
+        if not 0 <= channel < self.channel_count:
+            raise IndexError(f"channel {channel} does not exist (0..{self.channel_count - 1})")
+        return 0
+
     def channel_snapshot(self, int channel):
+        self._check_channel(channel)
         snapshot = self.send_channels[channel].snapshot()
         snapshot["receive_slots"] = self.recv_channels[channel].storage_slots()
         snapshot["sent_unit_capacity"] = self.units.capacity
         return snapshot
 
-    def queue_message(self, int channel, bytes payload):
+    def queue_message(self, int channel, bytes payload not None):
+        self._check_channel(channel)
         return (<SendChannel>self.send_channels[channel]).queue(payload)
 
     def stats_fields(self):

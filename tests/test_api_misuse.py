@@ -1,0 +1,314 @@
+"""The compiled modules refuse a misused public API with an exception.
+
+They are built with boundscheck=False and wraparound=False, so an argument of the wrong shape or
+out of range (a 1-tuple where (data, address) belongs, a channel index past the last channel,
+None where bytes belong, a list that changes during a call) would otherwise be read past its end.
+Each test here crashed or read garbage before its entry point checked (issue #24, item 3).
+"""
+from __future__ import annotations
+
+import socket
+import types
+from collections import deque
+
+import pytest
+
+from relay import protocol
+from relay_core import Endpoint, EndpointConfig
+from relay_core.channel import make_receive_channel, make_send_channel
+from relay_core.fragment import MemoryBudget
+from relay_core.peer import Peer
+from relay_core.wire import encode_packet
+
+batchio = pytest.importorskip("relay._batchio")
+fastpath = pytest.importorskip("relay._fastpath")
+
+CHANNELS = len(EndpointConfig().channels)
+
+
+def server(**config) -> Endpoint:
+    return Endpoint(EndpointConfig(accept_connections=True, seed=1, **config))
+
+
+def client_with_a_peer() -> tuple[Endpoint, int]:
+    client = Endpoint(EndpointConfig(seed=2))
+    return client, client.connect(("127.0.0.1", 9), 0.0)
+
+
+def bare_peer(config: EndpointConfig | None = None) -> Peer:
+    return Peer(1, ("127.0.0.1", 9), config or EndpointConfig().validate(), deque(), 0.0, 5,
+                MemoryBudget(1 << 20))
+
+
+# -- relay_core.endpoint --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("item", [(b"\x00" * 20,), (), None], ids=["1-tuple", "empty", "None"])
+def test_receive_batch_refuses_an_item_without_an_address(item):
+    endpoint = server()
+    with pytest.raises(ValueError, match=r"datagrams\[1\]"):
+        endpoint.receive_batch([(b"\x00" * 20, ("127.0.0.1", 1)), item], 0.0)
+
+
+@pytest.mark.parametrize("data", [64, None, 1.5], ids=["int", "None", "float"])
+def test_receive_refuses_data_that_is_not_bytes(data):
+    endpoint = server()
+    with pytest.raises(TypeError, match="data must be bytes"):
+        endpoint.receive(data, ("127.0.0.1", 1), 0.0)
+    with pytest.raises(TypeError, match="data must be bytes"):
+        endpoint.receive_batch([(data, ("127.0.0.1", 1))], 0.0)
+    assert endpoint.drops == {}
+
+
+def test_receive_still_takes_bytes_like_data():
+    endpoint = server()
+    endpoint.receive(bytearray(b"\x00" * 20), ("127.0.0.1", 1), 0.0)
+    assert endpoint.receive_batch([(memoryview(b"\x00" * 20), ("127.0.0.1", 1))], 0.0) == 20
+    assert sum(endpoint.drops.values()) == 2
+
+
+@pytest.mark.parametrize("channel", [CHANNELS, 40, -1, -(2**31)])
+def test_channel_snapshot_refuses_a_channel_out_of_range(channel):
+    client, peer_id = client_with_a_peer()
+    with pytest.raises(IndexError, match=f"channel {channel} does not exist"):
+        client.channel_snapshot(peer_id, channel)
+    assert client.channel_snapshot(peer_id, 0)["next_id"] == 0
+
+
+def test_handshake_rate_limit_takes_an_empty_address():
+    # The rate limit buckets by address[0] for a tuple; () has none.
+    endpoint = server(handshake_rate=10.0)
+    request = encode_packet({"type": "connect_request", "connect_id": 7})
+    endpoint.receive(request, (), 0.0)
+    replies = endpoint.datagrams_to_send(0.0)
+    assert [address for _, address in replies] == [()]
+    assert decode_type(replies[0][0]) == "challenge"
+
+
+def decode_type(datagram: bytes) -> str:
+    from relay_core.wire import decode_packet
+    return decode_packet(datagram)["type"]
+
+
+def test_endpoint_refuses_a_config_that_is_not_an_endpoint_config():
+    # A look-alike whose validate() checks nothing could size the scratch buffer below the mtu.
+    look_alike = types.SimpleNamespace(validate=lambda: look_alike, mtu=16)
+    with pytest.raises(TypeError, match="config must be a relay_core.EndpointConfig"):
+        Endpoint(look_alike)
+
+
+# -- relay_core.peer ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("channel", [CHANNELS, -1])
+def test_peer_refuses_a_channel_out_of_range(channel):
+    peer = bare_peer()
+    with pytest.raises(IndexError, match=f"channel {channel} does not exist"):
+        peer.queue_message(channel, b"x")
+    with pytest.raises(IndexError, match=f"channel {channel} does not exist"):
+        peer.channel_snapshot(channel)
+    assert peer.queue_message(0, b"x") is True
+
+
+def test_peer_queue_message_refuses_none():
+    with pytest.raises(TypeError, match="payload"):
+        bare_peer().queue_message(0, None)
+
+
+def test_peer_refuses_a_missing_block_budget():
+    with pytest.raises(TypeError, match="block_budget"):
+        Peer(1, ("127.0.0.1", 9), EndpointConfig().validate(), deque(), 0.0, 5, None)
+
+
+@pytest.mark.parametrize("size", [0, 48, -64])
+def test_peer_refuses_a_sent_packet_buffer_that_is_not_a_power_of_two(size):
+    # Slots are found by seq & (size - 1): 0 would index the whole 16-bit range.
+    with pytest.raises(ValueError, match="sent_packet_buffer"):
+        bare_peer(EndpointConfig(sent_packet_buffer=size))
+
+
+# -- relay_core.channel ---------------------------------------------------------------------------
+
+SEND_OPTIONS = dict(window=64, max_pending=16, fragment_size=1000, whole_limit=1100,
+                    max_fragments_in_flight=64, max_resends=10, rto_limit=5.0)
+
+
+@pytest.mark.parametrize("change, name", [
+    ({"fragment_size": 0}, "fragment_size"), ({"whole_limit": -1}, "whole_limit"),
+    ({"window": 0}, "window"), ({"window": 48}, "window"), ({"window": 65536}, "window"),
+])
+def test_send_channel_refuses_sizes_out_of_range(change, name):
+    with pytest.raises(ValueError, match=name):
+        make_send_channel(0, "reliable_ordered", **{**SEND_OPTIONS, **change})
+    assert make_send_channel(0, "reliable_ordered", **SEND_OPTIONS).snapshot()["slots"] == 8
+
+
+@pytest.mark.parametrize("channel_id", [256, -1])
+def test_send_channel_refuses_an_id_that_does_not_fit_a_byte(channel_id):
+    with pytest.raises(ValueError, match="channel_id"):
+        make_send_channel(channel_id, "unreliable", **SEND_OPTIONS)
+
+
+def test_receive_channel_refuses_a_missing_budget_or_a_bad_window():
+    with pytest.raises(TypeError, match="budget"):
+        make_receive_channel(0, "reliable_ordered", window=64, budget=None, max_message_size=1000)
+    with pytest.raises(ValueError, match="window"):
+        make_receive_channel(0, "redundant", window=100, budget=MemoryBudget(1000),
+                             max_message_size=1000)
+
+
+# -- relay._batchio -------------------------------------------------------------------------------
+
+class ShrinkingHost(str):
+    """An address host whose hash empties the list being sent, once."""
+
+    victim: list = []
+
+    def __hash__(self):
+        if self.victim:
+            self.victim.clear()
+        return str.__hash__(self)
+
+
+def test_batch_socket_send_survives_a_list_that_shrinks():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        receiver.bind(("127.0.0.1", 0))
+        receiver.setblocking(False)
+        sender.setblocking(False)
+        port = receiver.getsockname()[1]
+        datagrams = [(b"first", (ShrinkingHost("127.0.0.1"), port))]
+        datagrams += [(b"next %d" % i, ("127.0.0.1", port)) for i in range(9)]
+        ShrinkingHost.victim = datagrams
+        io = batchio.BatchSocket(sender.fileno())
+        try:
+            sent = io.send(datagrams)
+        finally:
+            ShrinkingHost.victim = []
+        assert datagrams == []              # it did shrink, during the call
+        # What was offered went: the call worked on its own copy.
+        assert sent == 10 and io.last_sent_count == 10
+        receiver.settimeout(5.0)
+        got = [receiver.recv(100) for _ in range(10)]
+        assert got == [b"first"] + [b"next %d" % i for i in range(9)]
+
+
+def test_batch_socket_send_from_an_offset_copies_only_the_rest():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        receiver.bind(("127.0.0.1", 0))
+        receiver.settimeout(5.0)
+        sender.setblocking(False)
+        port = receiver.getsockname()[1]
+        datagrams = [(b"%d" % i, ("127.0.0.1", port)) for i in range(5)]
+        io = batchio.BatchSocket(sender.fileno())
+        assert io.send(datagrams, 3) == 2
+        assert [receiver.recv(10) for _ in range(2)] == [b"3", b"4"]
+        with pytest.raises(IndexError, match="start 6"):
+            io.send(datagrams, 6)
+        with pytest.raises(IndexError, match="start -1"):
+            io.send(datagrams, -1)
+
+
+# -- relay._fastpath ------------------------------------------------------------------------------
+
+def test_decode_input_refuses_none():
+    with pytest.raises(TypeError, match="data must be bytes"):
+        fastpath.decode_input(None)
+
+
+def test_input_router_take_refuses_none():
+    router = fastpath.InputRouter({}, {})
+    with pytest.raises(TypeError, match="payload must be bytes"):
+        router.take(1, None, 0.0)
+
+
+def test_on_input_fields_refuses_a_payload_of_none():
+    with pytest.raises(TypeError, match="payload"):
+        fastpath.RoomCore().on_input_fields(1, 0, None, -1)
+
+
+def test_record_close_refuses_a_negative_frame():
+    # Its slot is number % 256 in C: a negative number would write before the array.
+    room = fastpath.RoomCore()
+    with pytest.raises(ValueError, match="number must be >= 0"):
+        room.record_close(-1, 0.0)
+    room.record_close(0, 0.0)
+
+
+class QuietRoom(fastpath.RoomCore):
+    history: object = None
+
+    def __init__(self):
+        self.sent = []
+
+    def _send_stream(self, peer_id, data):
+        self.sent.append((peer_id, data))
+
+    def _maybe_catch_up(self, member):
+        pass
+
+    def _advise_input_delay(self, member, now):
+        pass
+
+
+def player(peer_id=1, slot=0):
+    return fastpath.Member(peer_id, "p%d" % peer_id, slot, False, timing=fastpath.InputTiming(8))
+
+
+def test_fan_out_refuses_a_zero_advice_interval():
+    room = QuietRoom()
+    room.members = {1: player()}
+    with pytest.raises(ValueError, match="advice_every must be at least 1"):
+        room.fan_out(0, b"frame", 0.0, -1, 150, 0)
+    room.fan_out(0, b"frame", 0.0, -1, 150, 1)
+    assert room.sent == [(1, b"frame")]
+
+
+def test_fan_out_reads_a_spectators_frame_with_item_access():
+    room = QuietRoom()
+    room.history = [b"frame 0"]                 # a plain list: indexed out of range below
+    room.members = {2: fastpath.Member(2, "watcher", None, True, next_live=0)}
+    with pytest.raises(IndexError):
+        room.fan_out(9, b"frame 9", 0.0, 5, 150, 1)
+    room.fan_out(9, b"frame 9", 0.0, 0, 150, 1)
+    assert room.sent == [(2, b"frame 0")]
+
+
+def test_fan_out_refuses_a_member_that_is_none():
+    room = QuietRoom()
+    room.members = {1: None}
+    with pytest.raises(TypeError, match="members"):
+        room.fan_out(0, b"frame", 0.0, -1, 150, 1)
+
+
+def test_collect_inputs_refuses_a_slot_that_is_none():
+    room = fastpath.RoomCore()
+    room.slots = [None]
+    with pytest.raises(TypeError, match="slots"):
+        room.collect_inputs(0)
+
+
+def test_encode_frame_refuses_a_negative_frame_number():
+    with pytest.raises(ValueError, match="frame.number"):
+        fastpath.encode_frame(protocol.Frame(-5, [b"a"]))
+
+
+class Meddler:
+    """A previous input whose comparison empties the frame's input list."""
+
+    def __init__(self, victim):
+        self.victim = victim
+
+    def __eq__(self, other):
+        self.victim.clear()
+        return False
+
+    __hash__ = None
+
+
+def test_encode_frame_survives_inputs_that_change_while_compared():
+    inputs = [b"a" * 40, b"b" * 300, None, b"c"]
+    expected = fastpath.encode_frame(protocol.Frame(7, list(inputs)))
+    frame = protocol.Frame(7, inputs)
+    previous = [Meddler(inputs), Meddler(inputs)]
+    assert fastpath.encode_frame(frame, previous) == expected
+    assert inputs == []                     # it did change, during the call
