@@ -21,6 +21,9 @@ from relay_core.wire cimport (
 
 MAX_ACK_BITFIELD_BYTES = 64     # one BLOCK_ACK describes base .. base + 511
 MAX_SLICES = 65535
+MAX_WINDOW = MAX_ACK_BITFIELD_BYTES * 8
+MAX_SLICE_SIZE = 16383          # a slice's length is a record varint of at most 2 bytes
+MAX_BLOCK_SIZE = 0xFFFFFFFF     # block_size is a u32 on the wire
 
 
 cdef inline int slice_length(Py_ssize_t block_size, int slice_size, int index) noexcept:
@@ -30,6 +33,14 @@ cdef inline int slice_length(Py_ssize_t block_size, int slice_size, int index) n
 
 cdef class BlockSender:
     def __init__(self, int slice_size, int window, int max_queued):
+        # slice_size is a divisor (a C division by zero kills the process) and the slice
+        # count of a block must fit its u16 field; the window is what one BLOCK_ACK can ack.
+        if not 1 <= slice_size <= MAX_SLICE_SIZE:
+            raise ValueError(f"slice_size must be 1..{MAX_SLICE_SIZE}, got {slice_size}")
+        if not 1 <= window <= MAX_WINDOW:
+            raise ValueError(f"window must be 1..{MAX_WINDOW} slices, got {window}")
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self.queue = None           # a deque once a block waits behind another
         self.max_queued = max_queued
         self.slice_size = slice_size
@@ -43,8 +54,13 @@ cdef class BlockSender:
         PyMem_Free(self.acked)
         PyMem_Free(self.last_sent)
 
-    def enqueue(self, bytes data):
-        """Queue a block; False when max_queued blocks are already waiting."""
+    def enqueue(self, bytes data not None):
+        """Queue a block; False when max_queued blocks are already waiting. Raises ValueError
+        for a block of more than 65535 slices or 2**32 - 1 bytes (its header could not say so)."""
+        cdef Py_ssize_t n = len(data)
+        if n > <Py_ssize_t>MAX_SLICES * self.slice_size or n > MAX_BLOCK_SIZE:
+            raise ValueError(f"data of {n} bytes needs more than {MAX_SLICES} slices of "
+                             f"{self.slice_size} bytes (or exceeds {MAX_BLOCK_SIZE} bytes)")
         if self.queue is None:
             self.queue = deque()
         elif len(self.queue) >= self.max_queued:
@@ -79,6 +95,11 @@ cdef class BlockSender:
         self.acked = <uint8_t*>PyMem_Malloc(self.slice_count)
         self.last_sent = <double*>PyMem_Malloc(self.slice_count * sizeof(double))
         if self.acked == NULL or self.last_sent == NULL:
+            PyMem_Free(self.acked)
+            PyMem_Free(self.last_sent)
+            self.acked = NULL
+            self.last_sent = NULL
+            self.data = None            # never an active block without its tables
             raise MemoryError()
         memset(self.acked, 0, self.slice_count)
         for i in range(self.slice_count):
@@ -176,7 +197,10 @@ cdef class BlockSender:
 
 
 cdef class BlockReceiver:
-    def __init__(self, Py_ssize_t max_block_size, MemoryBudget budget):
+    def __init__(self, Py_ssize_t max_block_size, MemoryBudget budget not None):
+        # Compared as a u32 with a slice's block_size: a negative one would admit anything.
+        if not 0 <= max_block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"max_block_size must be 0..{MAX_BLOCK_SIZE}, got {max_block_size}")
         self.max_block_size = max_block_size
         self.budget = budget
         self.expected = 0

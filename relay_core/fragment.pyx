@@ -12,18 +12,28 @@ MAX_FRAGMENTS = 255
 
 
 cpdef list split_message(bytes payload, Py_ssize_t fragment_size):
+    if payload is None:
+        raise TypeError("payload must be bytes, not None")
+    if fragment_size < 1:
+        # range() would refuse 0 with a message naming nothing; below 0 it would lose the payload.
+        raise ValueError(f"fragment_size must be at least 1, got {fragment_size}")
     cdef Py_ssize_t n = len(payload)
     return [payload[i:i + fragment_size] for i in range(0, n, fragment_size)]
 
 
 cdef class MemoryBudget:
     def __init__(self, Py_ssize_t limit):
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0 bytes, got {limit}")
         self.limit = limit
         self.used = 0
 
 
 cdef class PartialMessage:
     def __init__(self, int fragment_count):
+        # RELAY_PROTOCOL 6.4: a fragmented message has 2..255 fragments.
+        if not 2 <= fragment_count <= MAX_FRAGMENTS:
+            raise ValueError(f"fragment_count must be 2..{MAX_FRAGMENTS}, got {fragment_count}")
         self.fragment_count = fragment_count
         self.fragments = [None] * fragment_count
         self.received = 0
@@ -37,7 +47,7 @@ cdef class PartialMessage:
         budget (it is capped by max_message_size) so a full budget can never stall delivery.
         """
         cdef Py_ssize_t n = len(data)
-        if index >= self.fragment_count:
+        if index < 0 or index >= self.fragment_count:
             return -(DROP_BAD_FRAGMENT + 1)
         if self.fragments[index] is not None:
             return 0

@@ -8,6 +8,9 @@ Each test here crashed or read garbage before its entry point checked (issue #24
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import textwrap
 import types
 from collections import deque
 
@@ -16,7 +19,8 @@ import pytest
 from relay import protocol
 from relay_core import Endpoint, EndpointConfig
 from relay_core.channel import make_receive_channel, make_send_channel
-from relay_core.fragment import MemoryBudget
+from relay_core.block import BlockReceiver, BlockSender
+from relay_core.fragment import MemoryBudget, PartialMessage, split_message
 from relay_core.peer import Peer
 from relay_core.wire import encode_packet
 
@@ -153,6 +157,99 @@ def test_receive_channel_refuses_a_missing_budget_or_a_bad_window():
     with pytest.raises(ValueError, match="window"):
         make_receive_channel(0, "redundant", window=100, budget=MemoryBudget(1000),
                              max_message_size=1000)
+
+
+# -- relay_core.block ------------------------------------------------------------------------------
+
+def run_isolated(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter: before its fix it killed the process (SIGFPE)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_block_sender_refuses_a_zero_slice_size_instead_of_dividing_by_it():
+    result = run_isolated("""
+        from relay_core.block import BlockSender
+        try:
+            sender = BlockSender(0, 256, 8)
+        except ValueError as error:
+            print("refused:", error)
+        else:
+            sender.enqueue(b"x" * 100)      # ceil(100 / 0) in C
+            print("accepted")
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("refused:") and "slice_size" in result.stdout
+
+
+@pytest.mark.parametrize("arguments, name", [
+    ((-1, 256, 8), "slice_size"), ((16384, 256, 8), "slice_size"),
+    ((1024, 0, 8), "window"), ((1024, -3, 8), "window"), ((1024, 513, 8), "window"),
+    ((1024, 256, 0), "max_queued"), ((1024, 256, -1), "max_queued"),
+])
+def test_block_sender_refuses_arguments_out_of_range(arguments, name):
+    with pytest.raises(ValueError, match=name):
+        BlockSender(*arguments)
+    assert BlockSender(1, 512, 1).enqueue(b"x") is True
+
+
+def test_block_sender_enqueue_refuses_none():
+    sender = BlockSender(1024, 256, 8)
+    with pytest.raises(TypeError, match="data"):
+        sender.enqueue(None)
+    assert sender.pending_blocks == 0
+    assert sender.enqueue(b"") is True and sender.pending_blocks == 1
+
+
+def test_block_sender_refuses_a_block_of_more_than_65535_slices():
+    # The slice count is a u16 on the wire: 65536 slices would be announced as 0.
+    sender = BlockSender(1, 256, 8)
+    with pytest.raises(ValueError, match="65535 slices"):
+        sender.enqueue(b"x" * 65536)
+    assert sender.pending_blocks == 0
+    assert sender.enqueue(b"x" * 65535) is True
+
+
+def test_block_receiver_refuses_a_missing_budget():
+    with pytest.raises(TypeError, match="budget"):
+        BlockReceiver(1 << 20, None)
+    BlockReceiver(1 << 20, MemoryBudget(1 << 20))
+
+
+@pytest.mark.parametrize("size", [-1, 2**32])
+def test_block_receiver_refuses_a_max_block_size_that_is_not_a_u32(size):
+    # Compared as a u32 with each block_size: -1 would admit every block.
+    with pytest.raises(ValueError, match="max_block_size"):
+        BlockReceiver(size, MemoryBudget(1 << 20))
+
+
+# -- relay_core.fragment ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", [-5, 0, 1, 256])
+def test_partial_message_refuses_a_fragment_count_outside_2_to_255(count):
+    # RELAY_PROTOCOL 6.4: fragment_count is 2..255.
+    with pytest.raises(ValueError, match="fragment_count"):
+        PartialMessage(count)
+    assert PartialMessage(2).fragment_count == 2 and PartialMessage(255).fragment_count == 255
+
+
+def test_memory_budget_refuses_a_negative_limit():
+    with pytest.raises(ValueError, match="limit"):
+        MemoryBudget(-1)
+    assert MemoryBudget(0).limit == 0
+
+
+@pytest.mark.parametrize("size", [0, -4])
+def test_split_message_refuses_a_fragment_size_below_one(size):
+    # 0 failed inside range() naming nothing; -4 returned no fragment for a non-empty payload.
+    with pytest.raises(ValueError, match="fragment_size"):
+        split_message(b"payload", size)
+    assert split_message(b"payload", 3) == [b"pay", b"loa", b"d"]
+
+
+def test_split_message_refuses_none():
+    with pytest.raises(TypeError, match="payload"):
+        split_message(None, 10)
 
 
 # -- relay._batchio -------------------------------------------------------------------------------
