@@ -10,7 +10,12 @@ for an hour of a 30 Hz room, where an offset per frame (8 bytes a frame) grew a 
 ~30 bytes a second per player: more than a player's whole connection state in ten minutes. Older
 frames are read back with ``os.pread`` a chunk at a time when a late joiner or a lagging client
 needs them -- rarely, and from the page cache while the match is recent. If the file cannot be
-created or written, the frames stay in memory instead (a full disk costs memory, never a frame).
+created or written, the frames stay in memory instead (a full disk costs memory, never a frame):
+what the file already holds is read back into memory and the file is closed. If that read-back
+fails too, the file is kept (it is the only copy of the frames spooled so far, which a later read
+may still reach), nothing more is spooled for a while, and the new frames stay in memory as
+they are; the spool is tried again every SPILL_FRAMES frames. ``spool_failures`` counts the
+failed spills.
 
 It behaves as a read-only list of bytes with ``append``: ``len``, indexing, slicing, iteration,
 equality with a list.
@@ -48,6 +53,9 @@ class FrameHistory:
         self._file = None
         self._memory: Optional[bytearray] = None    # the spool when the file failed
         self._size = 0                      # bytes spooled
+        self._spill_at = self.keep + SPILL_FRAMES   # len(self._recent) that triggers a spill
+        self.spool_failures = 0
+        """Spills that could not be written (each logged, throttled)."""
 
     def __len__(self) -> int:
         return self._spilled_count() + len(self._recent)
@@ -57,7 +65,7 @@ class FrameHistory:
 
     def append(self, data: bytes) -> None:
         self._recent.append(data)
-        if len(self._recent) >= self.keep + SPILL_FRAMES:
+        if len(self._recent) >= self._spill_at:
             self._spill()
 
     def _spill(self) -> None:
@@ -77,15 +85,32 @@ class FrameHistory:
                 if written != len(chunk):
                     raise OSError(f"short write ({written} of {len(chunk)} bytes)")
             except OSError as error:
-                get_logger("relay.history").warning("history_spool_failed", error=str(error),
-                                                    detail="frame history stays in memory")
-                self._memory = bytearray(self._read(0, self._size)) if self._size else bytearray()
+                self.spool_failures += 1
+                try:
+                    held = self._read(0, self._size) if self._size else b""
+                except OSError as read_error:
+                    # Neither written nor read back: the file is the only copy of what it
+                    # holds, so it stays open; this chunk stays in memory (nothing accepted is
+                    # dropped) and the spill is tried again SPILL_FRAMES frames later.
+                    self._spill_at = len(self._recent) + SPILL_FRAMES
+                    self._log_failure(error, read_error=str(read_error),
+                                      detail="spool unreadable: new frames stay in memory")
+                    return
+                self._log_failure(error, detail="frame history stays in memory")
+                self._memory = bytearray(held)
                 self._close_file()
         if self._memory is not None:
             self._memory += chunk
         self._size += len(chunk)
         self._chunk_ends.append(self._size)
         del self._recent[:SPILL_FRAMES]
+        self._spill_at = self.keep + SPILL_FRAMES     # frames held back by a failure go next
+
+    def _log_failure(self, error: OSError, **fields) -> None:
+        # Every failure is counted; a disk that keeps failing is logged at 1, 2, 4, 8, ...
+        if self.spool_failures & (self.spool_failures - 1) == 0:
+            get_logger("relay.history").warning("history_spool_failed", error=str(error),
+                                                failures=self.spool_failures, **fields)
 
     def _read(self, start: int, end: int) -> bytes:
         if self._memory is not None:
@@ -168,6 +193,7 @@ class FrameHistory:
         self._chunk_ends = array("Q")
         self._recent = []
         self._size = 0
+        self._spill_at = self.keep + SPILL_FRAMES
 
     def __del__(self):
         self._close_file()

@@ -482,7 +482,12 @@ class Room(RoomCore):
         if member is None:
             return
         if what == "block":
-            member.blocks_in_flight = 0
+            # Only this part is lost: the parts of the catch-up queued before it (and after
+            # it, if the core takes them) are still delivered, each with a BlockDelivered, so
+            # they stay counted. The repair (next tick, from the catch-up's first frame) adds
+            # its parts to them, and the catch-up ends only when all of them have arrived:
+            # the old parts' deliveries never count against the repair's.
+            member.blocks_in_flight = max(0, member.blocks_in_flight - 1)
             member.catching_up = False
             lost = member.block_first
         else:

@@ -494,6 +494,10 @@ class RelayServer:
             self.metrics.drops.labels(reason="too_large").inc()
             self.log.error("send_refused", room=room.room_id, peer=action.peer_id,
                            kind=action.kind, bytes=len(action.data), error=str(error))
+            if action.kind == "block" and self.endpoint.is_connected(action.peer_id):
+                # As for a block the core's queue refused: the member's catch-up is not left
+                # open waiting for a delivery that never comes, and is repaired at a later tick.
+                room.on_send_failed(action.peer_id, "block")
 
     def _carry_out(self, room: Room, action: Action) -> None:
         if action.kind == "broadcast":

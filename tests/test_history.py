@@ -216,6 +216,68 @@ def test_close_releases_the_spool_file(tmp_path):
     assert open_fds() == before
 
 
+# -- a spool that can be neither written nor read back ---------------------------------------
+
+REAL_PREAD = os.pread
+
+
+def disk_error(*args, **kwargs):
+    raise OSError(5, "Input/output error")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_spool_neither_writable_nor_readable_keeps_every_new_frame_in_memory(monkeypatch, tmp_path):
+    # Before: the failed read-back escaped append (a room's tick raised) with the file open.
+    before = open_fds()
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    stored = frames(400)
+    for data in stored[:100]:
+        history.append(data)
+    spooled = history._spilled_count()
+    assert spooled > 0 and history._file is not None
+    monkeypatch.setattr(history_module.os, "pwrite", disk_error)
+    monkeypatch.setattr(history_module.os, "pread", disk_error)
+    for number, data in enumerate(stored[100:300], 100):
+        history.append(data)                            # never raises
+        assert len(history) == number + 1 and history[number] is data
+    # Nothing more was spooled; the file, the only copy of the spooled frames, is kept.
+    assert history._spilled_count() == spooled and history._memory is None
+    assert history._file is not None and open_fds() == before + 1
+    assert history[spooled:300] == stored[spooled:300]
+    # One failed spill per SPILL_FRAMES frames, not one per append.
+    assert 1 <= history.spool_failures <= (300 - 100) // SPILL_FRAMES + 1
+    # The disk recovers: what was spooled reads back, and spilling catches up.
+    monkeypatch.undo()
+    assert history == stored[:300]
+    for data in stored[300:]:
+        history.append(data)
+    assert history == stored
+    assert len(history._recent) < 2 + SPILL_FRAMES
+    history.close()
+    assert open_fds() == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_spool_readable_again_after_a_double_failure_moves_to_memory(monkeypatch, tmp_path):
+    before = open_fds()
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    stored = frames(300)
+    for data in stored[:100]:
+        history.append(data)
+    monkeypatch.setattr(history_module.os, "pwrite", disk_error)
+    monkeypatch.setattr(history_module.os, "pread", disk_error)
+    for data in stored[100:150]:
+        history.append(data)
+    # Still no write, but the read-back works: the next try moves the spool to memory.
+    monkeypatch.setattr(history_module.os, "pread", REAL_PREAD)
+    for data in stored[150:]:
+        history.append(data)
+    assert history._file is None and history._memory is not None
+    assert open_fds() == before
+    assert history == stored
+    assert len(history._recent) < 2 + SPILL_FRAMES
+
+
 # -- the inflated-size guard of history blocks ---------------------------------------------------
 
 def test_a_history_block_inflating_past_max_size_is_refused():
