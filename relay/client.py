@@ -84,7 +84,7 @@ class ClientStats:
 def client_config(ack_delay: float = 1 / 30, **overrides) -> EndpointConfig:
     return EndpointConfig(channels=protocol.endpoint_channels(), ack_delay=ack_delay,
                           redundancy_budget=overrides.pop("redundancy_budget", 1200),
-                          max_block_size=32 * 1024 * 1024, block_memory_limit=64 * 1024 * 1024,
+                          max_block_size=protocol.MAX_BLOCK_SIZE, block_memory_limit=64 * 1024 * 1024,
                           **overrides)
 
 

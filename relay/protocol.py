@@ -49,6 +49,8 @@ FRAME_MARKER = 0xC1
 FRAME_VERSION = 2
 
 MAX_NAME_LENGTH = 64
+MAX_BLOCK_SIZE = 32 * 1024 * 1024
+"""Largest history block the relay sends and its clients accept (RELAY_PROTOCOL 2.2)."""
 FRAME_NUMBER_LIMIT = 2**32          # frame numbers are u32
 
 

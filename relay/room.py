@@ -237,13 +237,22 @@ class Room(RoomCore):
         """Frames first..end-1 from the history, as compressed blocks of at most
         HISTORY_BLOCK_FRAMES frames each (a long match's history stays under the block limit)."""
         for start in range(first, end, HISTORY_BLOCK_FRAMES):
-            stop = min(end, start + HISTORY_BLOCK_FRAMES)
-            self.actions.append(Action("block", member.peer_id,
-                                       data=protocol.encode_history(start, self.history[start:stop])))
-            member.blocks_in_flight += 1
+            self._queue_history(member, start, min(end, start + HISTORY_BLOCK_FRAMES))
         member.catching_up = True
         member.block_first = first
         member.block_end = end - 1
+
+    def _queue_history(self, member: Member, start: int, stop: int) -> None:
+        """One block of frames start..stop-1, halved until it fits protocol.MAX_BLOCK_SIZE: a
+        block the core refuses as too large would be refused again at every repair."""
+        data = protocol.encode_history(start, self.history[start:stop])
+        if len(data) > protocol.MAX_BLOCK_SIZE and stop - start > 1:
+            middle = (start + stop) // 2
+            self._queue_history(member, start, middle)
+            self._queue_history(member, middle, stop)
+            return
+        self.actions.append(Action("block", member.peer_id, data=data))
+        member.blocks_in_flight += 1
 
     def _released_frames(self, spectator: bool) -> int:
         """Frames a member may have right now: all closed ones, or the delayed ones for spectators."""

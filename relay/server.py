@@ -108,7 +108,7 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         sent_packet_buffer=64,
         received_packet_window=64,
         sent_unit_capacity=512,
-        max_block_size=32 * 1024 * 1024,
+        max_block_size=protocol.MAX_BLOCK_SIZE,
         reassembly_limit=server.reassembly_limit,
         block_memory_limit=server.block_memory_limit,
         # Token mode: every connection needs a connect token (docs/SECURITY.md).

@@ -883,6 +883,23 @@ def test_a_reused_slot_carries_nothing_of_its_previous_owner():
     assert frame_100.inputs[1] is None
 
 
+def test_a_history_block_over_the_size_limit_is_split_until_each_part_fits(monkeypatch):
+    import relay.room
+
+    monkeypatch.setattr(relay.room.protocol, "MAX_BLOCK_SIZE", 40)
+    harness, (alice, bob) = running()
+    harness.tick(35)
+    late = harness.join("late")
+    firsts = [first for first, _ in late.blocks]
+    assert len(firsts) > 1 and firsts == sorted(firsts) and firsts[0] == 0
+    assert late.merged_frames()[:35] == alice.frame_bytes[:35]
+    member = harness.room.members[late.peer_id]
+    assert member.blocks_in_flight == len(firsts)
+    for _ in firsts:
+        harness.room.on_block_delivered(late.peer_id)
+    assert not harness.room.members[late.peer_id].catching_up
+
+
 def test_a_long_history_goes_in_several_blocks(monkeypatch):
     import relay.room
 
