@@ -9,7 +9,7 @@ import dataclasses
 
 from relay import protocol
 from relay.config import RelayConfig
-from relay.room import DESYNC_WAIT_FRAMES, RUNNING, WAITING, Action, Room
+from relay.room import DESYNC_WAIT_FRAMES, RUNNING, WAITING, Room
 
 from test_room import Harness, make_room, running
 
@@ -211,50 +211,9 @@ def test_refused_spectator_history_block_is_repaired_up_to_its_released_frames()
     assert watcher.blocks[-1] == (0, ann.frame_bytes[:7])
 
 
-class _RefusingEndpoint:
-    """An endpoint whose block queue is full: send_block refuses, the peer stays connected."""
-
-    def __init__(self):
-        self.blocks: list[int] = []
-
-    def send_block(self, peer_id: int, data: bytes) -> bool:
-        self.blocks.append(peer_id)
-        return False
-
-    def is_connected(self, peer_id: int) -> bool:
-        return True
-
-    def send(self, peer_id, channel, data) -> bool:
-        return True
-
-    def send_many(self, peer_ids, channel, data):
-        return []
-
-    def disconnect(self, peer_id, reason) -> None:
-        pass
-
-
 def _server(config: RelayConfig):
     from relay.server import RelayServer
 
     config = dataclasses.replace(config, security=dataclasses.replace(config.security,
                                                                       handshake_rate=0))
     return RelayServer(config)
-
-
-def test_server_hands_a_refused_block_back_to_the_room_for_repair():
-    config = RelayConfig()
-    server = _server(config)
-    room = Room("arena", config.rooms, 30, 0.0, start_policy="players", start_players=1)
-    room.join(1, "ann", False, 0.0)
-    for number in range(5):
-        room.tick(number / 30)
-    room.take_actions()
-    room.join(2, "late", False, 1.0)
-    server.endpoint = _RefusingEndpoint()
-    server._drain(room)                               # WELCOME goes, the history block is refused
-    assert server.endpoint.blocks == [2]
-    room.tick(1.0)
-    repairs = [a for a in room.take_actions() if a.kind == "block" and a.peer_id == 2]
-    assert len(repairs) == 1 and protocol.decode_history(repairs[0].data)[0] == 0
-    assert isinstance(repairs[0], Action)

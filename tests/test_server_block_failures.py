@@ -7,8 +7,7 @@ member stays marked as catching up and never gets another block.
 
 These tests drive ``RelayServer._drain`` (private: it is the one place the server carries out a
 room's actions, and no public entry point reaches it without a live socket and a match large
-enough to pass the core's block limit) with a stand-in endpoint, like
-tests/test_room_membership.py does.
+enough to pass the core's block limit) with a stand-in endpoint.
 """
 from __future__ import annotations
 
@@ -185,3 +184,15 @@ def test_a_refused_later_part_keeps_the_parts_before_it_counted(monkeypatch, ref
         assert room.members[2].catching_up
     room.on_block_delivered(2)
     assert not room.members[2].catching_up
+
+
+def test_server_hands_a_block_refused_by_a_full_queue_back_to_the_room_for_repair():
+    server = make_server()
+    room = running_room(server, 5)
+    room.join(2, "late", False, 1.0)
+    server.endpoint = StandInEndpoint(refuse=lambda data: False)
+    server._drain(room)                               # WELCOME goes, the history block is refused
+    assert server.endpoint.offered == 1 and server.endpoint.taken == []
+    room.tick(1.0)
+    repairs = [a for a in room.take_actions() if a.kind == "block" and a.peer_id == 2]
+    assert len(repairs) == 1 and protocol.decode_history(repairs[0].data)[0] == 0
