@@ -18,7 +18,7 @@ For each module it:
   5. prints mutants, killed, survived, timeouts, the score and every surviving
      mutant (file:line, operator, the change), PASS/FAIL against the threshold.
 
-Survivors listed in tools/mutation_equivalent.toml (file, line, operator, why)
+Survivors listed in tools/mutation_equivalent.toml (file, line, column, operator, why)
 are reported as equivalent and left out of the score.
 
     python tools/mutation.py                           # every configured module
@@ -39,6 +39,7 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,7 @@ class Mutant:
     job_id: str
     file: str
     line: int
+    column: int
     operator: str
     occurrence: int
     outcome: str = ""          # killed | survived | timeout | incompetent | error | no-test
@@ -140,7 +142,7 @@ class Mutant:
     why: str = ""              # set when the survivor is in the equivalent list
 
     def key(self):
-        return (self.file, self.line, self.operator, self.occurrence)
+        return (self.file, self.line, self.column, self.operator, self.occurrence)
 
 
 @dataclass
@@ -224,7 +226,7 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
         mutants = {}
         for item in items:
             spec = item.mutations[0]
-            mutants[item.job_id] = Mutant(item.job_id, module, spec.start_pos[0],
+            mutants[item.job_id] = Mutant(item.job_id, module, spec.start_pos[0], spec.start_pos[1],
                                           spec.operator_name, spec.occurrence)
         result.total = len(mutants)
         eligible = sorted((m for m in mutants.values()
@@ -288,7 +290,8 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
             if m.outcome != "survived":
                 continue
             for e in equivalent:
-                if e["file"] == m.file and int(e["line"]) == m.line and e["operator"] == m.operator:
+                if (e["file"] == m.file and int(e["line"]) == m.line and e["operator"] == m.operator
+                        and int(e.get("column", m.column)) == m.column):
                     m.outcome, m.why = "equivalent", e["why"]
                     break
         result.mutants.sort(key=Mutant.key)
@@ -312,14 +315,16 @@ def report(r: ModuleResult, threshold: float) -> bool:
           f"{'PASS' if ok else 'FAIL'} (threshold {threshold:g} %)")
     for m in r.mutants:
         if m.outcome == "survived":
-            print(f"   survived  {m.file}:{m.line}  {m.operator}  {m.change}")
+            print(f"   survived  {m.file}:{m.line}:{m.column}  {m.operator}  {m.change}")
     for m in r.mutants:
         if m.outcome == "equivalent":
-            print(f"   equivalent  {m.file}:{m.line}  {m.operator}  ({m.why})")
+            print(f"   equivalent  {m.file}:{m.line}:{m.column}  {m.operator}  ({m.why})")
     return ok
 
 
 def main(argv=None) -> int:
+    # A terminated run still removes its copies (the finally blocks run on SystemExit).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings, modules = load_config()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group()
