@@ -82,6 +82,17 @@ def changed_modules(rev: str, modules: list[str]) -> list[str]:
     return [m for m in modules if m in touched]
 
 
+def changed_lines(rev: str, module: str) -> set[int]:
+    """Line numbers (in the working tree's file) that ``git diff -U0 REV`` adds or changes."""
+    out = subprocess.run(["git", "diff", "-U0", rev, "--", module],
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    lines: set[int] = set()
+    for m in re.finditer(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", out, re.M):
+        start, count = int(m.group(1)), int(m.group(2) or 1)
+        lines.update(range(start, start + count))
+    return lines
+
+
 def tree_files() -> list[str]:
     """Tracked and untracked (not ignored) files, plus the in-place compiled extensions."""
     listed = subprocess.run(
@@ -149,6 +160,7 @@ class Mutant:
 class ModuleResult:
     module: str
     total: int = 0
+    eligible: int = 0
     mutants: list[Mutant] = field(default_factory=list)
     baseline_s: float = 0.0
     elapsed_s: float = 0.0
@@ -231,7 +243,11 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
         result.total = len(mutants)
         eligible = sorted((m for m in mutants.values()
                            if not any(p.search(m.operator) for p in exclude)), key=Mutant.key)
+        if args.changed and args.changed_lines:
+            touched = changed_lines(args.changed, module)
+            eligible = [m for m in eligible if m.line in touched]
         chosen = eligible
+        result.eligible = len(eligible)
         if args.sample and args.sample < len(eligible):
             rng = random.Random(f"{settings.get('seed', 24) if args.seed is None else args.seed}:{module}")
             chosen = sorted(rng.sample(eligible, args.sample), key=Mutant.key)
@@ -306,7 +322,8 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
 
 def report(r: ModuleResult, threshold: float) -> bool:
     ok = r.score >= threshold
-    print(f"\n== {r.module}: {len(r.mutants)} of {r.total} mutants tested "
+    scope = f"{r.total}" if r.eligible == r.total else f"{r.eligible} selected of {r.total}"
+    print(f"\n== {r.module}: {len(r.mutants)} of {scope} mutants tested "
           f"(baseline {r.baseline_s:.1f} s, {r.elapsed_s:.0f} s in all)")
     print(f"   killed {r.count('killed')}  timeouts {r.count('timeout')}  survived {r.count('survived')}  "
           f"equivalent {r.count('equivalent')}  incompetent {r.count('incompetent')}  "
@@ -332,6 +349,8 @@ def main(argv=None) -> int:
                        help="mutate this configured module (repeatable); default: all")
     which.add_argument("--changed", nargs="?", const="HEAD~1", metavar="REV",
                        help="mutate the configured modules `git diff --name-only REV` touched (default HEAD~1)")
+    ap.add_argument("--changed-lines", action="store_true",
+                    help="with --changed: only the mutants on lines the diff adds or changes")
     ap.add_argument("--sample", type=int, default=0, metavar="N",
                     help="test a seeded random sample of N mutants per module (default: all)")
     ap.add_argument("--seed", type=int, default=None, help="sample seed (default: settings.seed)")
@@ -372,7 +391,7 @@ def main(argv=None) -> int:
                   f"{r.count('timeout'):>8}  {r.score:5.1f} %")
     if args.json:
         args.json.write_text(json.dumps([
-            {"module": r.module, "total": r.total, "tested": len(r.mutants), "score": round(r.score, 1),
+            {"module": r.module, "total": r.total, "eligible": r.eligible, "tested": len(r.mutants), "score": round(r.score, 1),
              "mutants": [m.__dict__ for m in r.mutants]} for r in results], indent=2))
     print("\nPASS" if ok else "\nFAIL")
     return 0 if ok else 1

@@ -1,0 +1,73 @@
+"""tools/mutation.toml and tools/mutation_equivalent.toml stay consistent with the tree.
+
+The mutation run itself needs Cosmic Ray (the `mutation` extra) and minutes per module; these
+checks need neither, so a renamed test file or a stale equivalent entry fails here first.
+"""
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("relay_mutation_tool", ROOT / "tools" / "mutation.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_configured_module_and_test_file_exists():
+    settings, modules = _tool().load_config()
+    assert 0 < settings["threshold"] <= 100
+    assert set(modules) >= {"relay/room.py", "relay/history.py", "relay/protocol.py",
+                            "relay_core/token.py", "relay/config.py"}
+    for module, tests in modules.items():
+        assert (ROOT / module).is_file(), module
+        assert tests, module
+        for t in tests:
+            assert (ROOT / t).is_file(), f"{module}: {t}"
+
+
+def test_equivalent_entries_name_a_configured_module_line_and_reason():
+    tool = _tool()
+    _, modules = tool.load_config()
+    for entry in tool.load_equivalent():
+        assert entry["file"] in modules, entry
+        assert entry["operator"].startswith("core/"), entry
+        assert len(entry["why"]) > 10, entry
+        lines = (ROOT / entry["file"]).read_text().splitlines()
+        assert 1 <= entry["line"] <= len(lines), entry
+        if "column" in entry:
+            assert entry["column"] < len(lines[entry["line"] - 1]), entry
+
+
+def test_the_token_size_constants_the_equivalent_list_relies_on():
+    # The entries for relay_core/token.py hold because these sums have no common set bits.
+    from relay_core import token
+
+    fixed = token.HEADER_SIZE + token.NONCE_SIZE + token._FIXED_PLAINTEXT
+    assert fixed & 2 == 0 and (fixed + 2) & token.TAG_SIZE == 0
+    assert fixed < 2 * token.MAX_NAME_BYTES
+    assert fixed + 2 * token.MAX_NAME_BYTES < token.MAX_USER_DATA
+    assert (fixed + 2 * token.MAX_NAME_BYTES + token.MAX_USER_DATA) & token.TAG_SIZE == 0
+
+
+def test_changed_lines_reads_added_and_changed_lines_from_a_zero_context_diff(monkeypatch):
+    tool = _tool()
+    diff = ("@@ -10,0 +11,3 @@ def f():\n+a\n+b\n+c\n"
+            "@@ -40 +43 @@\n-x\n+y\n"
+            "@@ -50,2 +52,0 @@\n-gone\n-gone\n")
+
+    class Done:
+        stdout = diff
+
+    monkeypatch.setattr(tool.subprocess, "run", lambda *a, **k: Done())
+    assert tool.changed_lines("HEAD~1", "relay/room.py") == {11, 12, 13, 43}
+
+
+def test_the_tool_parses():
+    ast.parse((ROOT / "tools" / "mutation.py").read_text())
