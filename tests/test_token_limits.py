@@ -166,3 +166,35 @@ def test_an_authentic_token_expires_at_its_expiry_to_the_millisecond():
     with pytest.raises(TokenError) as caught:
         open_token({KEY_ID: KEY}, private, NOW + 0.001)
     assert caught.value.reason == "token_expired"
+
+
+# -- edges found by mutation testing (tools/mutation.py) --------------------------------------
+
+def test_a_minted_token_keeps_its_expiry_to_the_millisecond():
+    token = mint_token(KEY, KEY_ID, "r", "p", ttl=1.5, now=NOW)
+    assert token.expires == NOW + 1.5
+    assert ConnectToken.decode(token.encode()).expires == NOW + 1.5
+
+
+def test_a_key_of_32_characters_that_is_not_bytes_is_refused():
+    with pytest.raises(ValueError, match="must be 32 bytes"):
+        mint_token("k" * 32, KEY_ID, "r", "p", ttl=60, now=NOW)
+
+
+@pytest.mark.parametrize("version", [0, 2, 255])
+def test_token_key_id_is_none_for_a_header_of_another_version(version):
+    private = mint_token(KEY, KEY_ID, "r", "p", ttl=60, now=NOW).private
+    assert token_key_id(private) == KEY_ID
+    assert token_key_id(bytes([version]) + private[1:]) is None
+
+
+@pytest.mark.parametrize("length", [0, 1, 12])
+def test_token_key_id_is_none_for_a_header_shorter_than_13_bytes(length):
+    private = mint_token(KEY, KEY_ID, "r", "p", ttl=60, now=NOW).private
+    assert token_key_id(private[:length]) is None
+
+
+@pytest.mark.parametrize("user_data", [b"", b"\x01", b"ab", bytes(range(200))])
+def test_user_data_of_each_small_length_round_trips(user_data):
+    private = mint_token(KEY, KEY_ID, "r", "p", ttl=60, now=NOW, user_data=user_data).private
+    assert open_token({KEY_ID: KEY}, private, NOW).user_data == user_data
