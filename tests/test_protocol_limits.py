@@ -291,3 +291,32 @@ def test_decode_frame_raises_only_protocol_error_on_damaged_frames(number, input
     cut = data.draw(st.integers(1, len(frame)))
     only_protocol_error(decode_frame, bytes(frame[:cut]))
     only_protocol_error(decode_frame, bytes(frame[:cut]), inputs)
+
+
+# -- edges found by mutation testing (tools/mutation.py) --------------------------------------
+
+@pytest.mark.parametrize("number", [2**32 + 1, 2**33, 2**35 - 1])
+def test_frame_numbers_past_2_32_are_refused_not_only_2_32_itself(number):
+    assert refused(decode_client_message, pack(INPUT, number, b"x", -1)).code == "bad_frame"
+    assert refused(decode_client_message, pack(CHECKSUM, number, 1)).code == "bad_frame"
+    refused(decode_frame, encode_frame(Frame(number, [b"a"])))
+
+
+@pytest.mark.parametrize("number", [0, 128])     # the bitmap at an even and an odd offset
+@pytest.mark.parametrize("count, stray", [(12, 0x10), (12, 0x80), (9, 0x02), (15, 0x80)])
+def test_bits_past_the_last_slot_of_a_two_byte_bitmap_are_refused(number, count, stray):
+    out = bytearray((0xC1,))
+    put_varint(out, number)
+    out.append(0)
+    put_varint(out, count)
+    clean = bytes(out) + bytes(2)
+    assert decode_frame(clean).inputs == [None] * count
+    assert refused(decode_frame, bytes(out) + bytes((0, stray))).code == "malformed"
+
+
+def test_every_proper_prefix_of_a_frame_is_refused():
+    frame = Frame(300, [b"abc", None, b"", b"x" * 200], [["join", 3, "pé"], ["leave", 1, "q"]])
+    data = encode_frame(frame)
+    assert decode_frame(data) == frame
+    for end in range(len(data)):
+        refused(decode_frame, data[:end])
