@@ -253,9 +253,9 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
             chosen = sorted(rng.sample(eligible, args.sample), key=Mutant.key)
         shares = [chosen[i::len(copies)] for i in range(len(copies))]
 
+        for c in copies[1:]:   # every copy starts from the unmarked session
+            shutil.copy2(first / "session.sqlite", c / "session.sqlite")
         for c, share in zip(copies, shares):
-            if c is not first:
-                shutil.copy2(first / "session.sqlite", c / "session.sqlite")
             keep = {m.job_id for m in share}
             with use_db(str(c / "session.sqlite"), WorkDB.Mode.open) as db:
                 db.set_multiple_results([j for j in mutants if j not in keep],
@@ -299,8 +299,9 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
                             m.outcome = "killed"
                     elif res.worker_outcome == WorkerOutcome.NO_TEST:
                         m.outcome = "no-test"
-                    else:
+                    else:               # exception, abnormal or skipped: not measured
                         m.outcome = "error"
+                        m.change = f"{res.worker_outcome.value}: {(res.output or '').strip()[-200:]}"
                     result.mutants.append(m)
         for m in result.mutants:
             if m.outcome != "survived":
@@ -333,6 +334,9 @@ def report(r: ModuleResult, threshold: float) -> bool:
     for m in r.mutants:
         if m.outcome == "survived":
             print(f"   survived  {m.file}:{m.line}:{m.column}  {m.operator}  {m.change}")
+    for m in r.mutants:
+        if m.outcome in ("error", "no-test"):
+            print(f"   not measured  {m.file}:{m.line}:{m.column}  {m.operator}  {m.change}")
     for m in r.mutants:
         if m.outcome == "equivalent":
             print(f"   equivalent  {m.file}:{m.line}:{m.column}  {m.operator}  ({m.why})")
