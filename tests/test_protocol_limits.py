@@ -320,3 +320,13 @@ def test_every_proper_prefix_of_a_frame_is_refused():
     assert decode_frame(data) == frame
     for end in range(len(data)):
         refused(decode_frame, data[:end])
+
+
+@pytest.mark.parametrize("count", [9, 16, 17, 256])
+def test_inputs_repeated_from_the_previous_frame_round_trip_in_every_bitmap_byte(count):
+    previous = [bytes([slot % 251]) for slot in range(count)]
+    inputs = [p if slot % 3 else b"new" for slot, p in enumerate(previous)]
+    frame = Frame(7, inputs, synthesized=[count - 1])
+    data = encode_frame(frame, previous)
+    assert len(data) < len(encode_frame(frame)), "repeats are sent as references"
+    assert decode_frame(data, previous) == frame
