@@ -44,7 +44,7 @@ CPython) and the list's reference to it."""
 
 
 class FrameHistory:
-    def __init__(self, keep: int = 64, directory: Optional[str] = None):
+    def __init__(self, keep: int, directory: Optional[str] = None):
         self.keep = max(1, keep)
         """Newest frames kept in memory as bytes objects (at least this many)."""
         self.directory = directory

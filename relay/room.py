@@ -466,16 +466,12 @@ class Room(RoomCore):
     def _maybe_catch_up(self, member: Member) -> None:
         """Repair a member with one block: the frames it lacks because a send failed, or,
         for a player far behind, everything after what it reported holding (instead of making
-        it wait for the stream to work through its backlog)."""
+        it wait for the stream to work through its backlog). ``fan_out`` decides who needs it:
+        a member with ``missing_from`` set, or one that reported a ``have`` more than
+        catchup_frames behind (only players report one)."""
         if member.catching_up:
             return
-        if member.missing_from is not None:
-            first = member.missing_from
-        elif (not member.spectator and member.reported
-              and self.open_frame - 1 - member.have > self.settings.catchup_frames):
-            first = max(0, member.have + 1)
-        else:
-            return
+        first = member.missing_from if member.missing_from is not None else max(0, member.have + 1)
         member.missing_from = None
         end = self._released_frames(member.spectator)
         if first >= end:

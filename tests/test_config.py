@@ -371,6 +371,14 @@ def test_serving_needs_keys_in_token_mode_and_an_admin_token_beyond_loopback():
     assert config.admin_auth_required
 
 
+def test_the_admin_api_needs_a_token_beyond_loopback_or_once_one_is_set():
+    assert not load_config(environ={}).admin_auth_required
+    assert load_config(environ={"RELAY_SERVER_HTTP_HOST": "0.0.0.0"}).admin_auth_required
+    # On loopback too, a configured token is demanded (set one, and it is checked).
+    assert load_config(environ={"RELAY_SECURITY_ADMIN_TOKEN": "0123456789abcdef0123"}
+                       ).admin_auth_required
+
+
 @pytest.mark.parametrize("name, value, allowed", [
     ("RELAY_SECURITY_MODE", "closed", "auto, open, token"),
     ("RELAY_SECURITY_HANDSHAKE_BURST", "0", "1..1000000"),

@@ -204,3 +204,14 @@ def test_the_largest_room_fits_with_inputs_of_1018_bytes_not_1019():
     assert load({"rooms.capacity": 256, "rooms.max_input_bytes": 1018}).rooms.capacity == 256
     with pytest.raises(ConfigError, match=r"^rooms\.capacity=256"):
         load({"rooms.capacity": 256, "rooms.max_input_bytes": 1019})
+
+
+def test_neutral_policy_read_from_a_file_needs_a_neutral_input(tmp_path):
+    # Values parsed from TOML are fresh strings, not the interned literals of the other tests.
+    path = tmp_path / "relay.toml"
+    path.write_text('[rooms]\nmissing_input_policy = "neutral"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^rooms\.neutral_input=''"):
+        load_config(path, environ={})
+    path.write_text('[rooms]\nmissing_input_policy = "neutral"\nneutral_input = "0a"\n',
+                    encoding="utf-8")
+    assert load_config(path, environ={}).rooms.neutral_input_bytes == b"\x0a"

@@ -1,11 +1,15 @@
-"""Every file shipped in configs/ loads through the real config loader."""
+"""Every file shipped in configs/ loads through the real config loader; configs/relay.toml
+states exactly the built-in defaults."""
+import dataclasses
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from relay.config import load_config
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = sorted(CONFIGS_DIR.glob("*.toml"))
 
 
 def test_the_shipped_configs_are_there():
@@ -17,6 +21,19 @@ def test_the_shipped_configs_are_there():
 def test_shipped_config_loads_and_validates(path):
     config = load_config(path, environ={})
     assert 10 <= config.server.tick_rate <= 120
+
+
+def test_the_settings_file_holds_exactly_the_built_in_defaults():
+    # configs/relay.toml is the reference of every default (OPERATIONS.md points to it): a
+    # changed default must change it too.
+    defaults = load_config(environ={})
+    from_file = load_config(CONFIGS_DIR / "relay.toml", environ={})
+    assert dataclasses.asdict(from_file) == dataclasses.asdict(defaults)
+    # ... and names every setting, so that it documents them all.
+    with open(CONFIGS_DIR / "relay.toml", "rb") as handle:
+        document = tomllib.load(handle)
+    assert {section: sorted(values) for section, values in document.items()} == {
+        section: sorted(values) for section, values in dataclasses.asdict(defaults).items()}
 
 
 def test_example_configs_say_what_they_promise():

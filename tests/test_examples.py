@@ -1,9 +1,7 @@
-"""The example game client (examples/lockstep_client.py) against an in-process relay, and the
-example settings file (configs/relay.toml)."""
+"""The example game client (examples/lockstep_client.py) against an in-process relay."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import sys
 import zlib
@@ -138,19 +136,6 @@ def test_a_diverging_player_is_reported(tmp_path):
         assert checksums == {"alice": alice.checksums[59], "bob": bob.checksums[59]}
         assert minority == [] and verdict == "undecided"   # one against one: nobody is the minority
     assert relay_desyncs >= 1
-
-
-def test_example_config_file_holds_exactly_the_defaults():
-    defaults = load_config(environ={})
-    from_file = load_config(ROOT / "configs" / "relay.toml", environ={})
-    assert dataclasses.asdict(from_file) == dataclasses.asdict(defaults)
-    # ... and names every setting, so that it documents them all.
-    import tomllib
-
-    with open(ROOT / "configs" / "relay.toml", "rb") as handle:
-        document = tomllib.load(handle)
-    assert {section: sorted(values) for section, values in document.items()} == {
-        section: sorted(values) for section, values in dataclasses.asdict(defaults).items()}
 
 
 def _doc_examples() -> dict[str, tuple[bytes, int | None]]:

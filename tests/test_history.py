@@ -301,3 +301,206 @@ def test_a_room_history_block_decodes_within_the_sdk_limit():
         history.append(data)
     first, decoded = protocol.decode_history(protocol.encode_history(0, history[0:300]))
     assert (first, decoded) == (0, stored)
+
+
+# -- edges found by mutation testing -------------------------------------------------------------
+
+def test_iteration_reads_back_more_spilled_frames_than_one_read_holds():
+    # Iteration reads the spool 4096 frames at a time: cross that boundary twice.
+    stored = [b"%d" % n for n in range(2 * 4096 + 100)]
+    history = FrameHistory(keep=8)
+    for data in stored:
+        history.append(data)
+    assert history._spilled_count() > 2 * 4096
+    assert list(history) == stored
+    assert [data for data in history] == stored
+    history.close()
+
+
+def test_memory_bytes_counts_the_frames_in_memory_and_the_chunk_offsets_only():
+    history = FrameHistory(keep=8)
+    stored = frames(500)
+    for data in stored:
+        history.append(data)
+    in_memory = stored[history._spilled_count():]
+    chunks = history._spilled_count() // SPILL_FRAMES
+    assert chunks > 0
+    per_frame = sys.getsizeof(b"") + 8
+    assert history.memory_bytes() == sum(len(data) + per_frame for data in in_memory) + 8 * chunks
+    history.close()
+    assert history.memory_bytes() == 0
+
+
+def test_memory_bytes_counts_an_in_memory_spool_byte_for_byte(monkeypatch):
+    history = FrameHistory(keep=4)
+    monkeypatch.setattr(history_module.os, "pwrite", disk_error)
+    stored = frames(200)
+    for data in stored:
+        history.append(data)
+    spilled = history._spilled_count()
+    # Each spilled frame costs its length prefix (one byte under 128) and its bytes.
+    spool = bytearray()
+    for data in stored[:spilled]:
+        protocol.put_varint(spool, len(data))
+        spool += data
+    per_frame = sys.getsizeof(b"") + 8
+    expected = (sum(len(data) + per_frame for data in stored[spilled:])
+                + 8 * (spilled // SPILL_FRAMES) + len(spool))
+    assert history.memory_bytes() == expected
+    assert history == stored
+
+
+def test_close_starts_the_history_afresh_on_a_new_spool(tmp_path):
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    for data in frames(300):
+        history.append(data)
+    history.close()
+    assert len(history) == 0 and history.memory_bytes() == 0
+    # Reused after close: frames spill from offset 0 of a new file, at the usual point.
+    again = [b"again-%d" % n for n in range(200)]
+    for number, data in enumerate(again):
+        history.append(data)
+        assert len(history._recent) < 2 + SPILL_FRAMES
+    assert list(history) == again and history[:] == again
+    assert history._size == sum(1 + len(data) for data in again[:history._spilled_count()])
+    history.close()
+
+
+def test_close_after_a_spool_failure_forgets_the_in_memory_spool(monkeypatch):
+    history = FrameHistory(keep=2)
+    monkeypatch.setattr(history_module.os, "pwrite", disk_error)
+    for data in frames(100):
+        history.append(data)
+    assert history._memory is not None
+    history.close()
+    monkeypatch.undo()
+    again = [b"next-%d" % n for n in range(100)]
+    for data in again:
+        history.append(data)
+    assert list(history) == again and history._memory is None and history._file is not None
+    history.close()
+
+
+def test_a_short_spool_write_keeps_the_frames_in_memory(monkeypatch, tmp_path):
+    real_pwrite = os.pwrite
+
+    def short_write(fd, data, offset):
+        return real_pwrite(fd, bytes(data)[:len(data) - 1], offset)
+
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    stored = frames(200)
+    for data in stored[:50]:
+        history.append(data)
+    monkeypatch.setattr(history_module.os, "pwrite", short_write)
+    for data in stored[50:]:
+        history.append(data)
+    assert history.spool_failures == 1 and history._file is None
+    assert list(history) == stored
+
+
+def test_a_spool_file_that_fails_to_close_still_leaves_the_frames_in_memory(monkeypatch, tmp_path):
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    stored = frames(200)
+    for data in stored[:50]:
+        history.append(data)
+    spool = history._file
+    real_close = spool.close
+
+    def failing_close():
+        real_close()
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(spool, "close", failing_close)
+    monkeypatch.setattr(history_module.os, "pwrite", disk_error)
+    for data in stored[50:]:
+        history.append(data)                            # never raises
+    assert history._file is None and list(history) == stored
+
+
+def test_repeated_spool_failures_are_all_counted_and_logged_at_powers_of_two(monkeypatch, tmp_path):
+    import structlog
+
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    for data in frames(40):
+        history.append(data)
+    assert history._file is not None
+    monkeypatch.setattr(history_module.os, "pwrite", disk_error)
+    monkeypatch.setattr(history_module.os, "pread", disk_error)
+    with structlog.testing.capture_logs() as logs:
+        for data in frames(40 + 10 * SPILL_FRAMES)[40:]:
+            history.append(data)
+    assert history.spool_failures == 10
+    logged = [entry["failures"] for entry in logs if entry["event"] == "history_spool_failed"]
+    assert logged == [1, 2, 4, 8]
+    assert all(entry["log_level"] == "warning" for entry in logs)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 40, 64])
+def test_the_newest_keep_frames_stay_in_memory_as_sent_and_spill_in_chunks_of_32(keep):
+    # The spill point is keep + SPILL_FRAMES (32) frames in memory, after a close too.
+    history = FrameHistory(keep=keep)
+    assert history.keep == max(1, keep) and SPILL_FRAMES == 32
+    kept = max(1, keep)
+    for _ in range(2):
+        stored = frames(kept + 5 * SPILL_FRAMES)
+        for number, data in enumerate(stored):
+            history.append(data)
+            assert history[-1] is data
+            in_memory = len(history._recent)
+            assert in_memory == (number + 1 if number + 1 < kept + SPILL_FRAMES
+                                 else kept + (number + 1 - kept) % SPILL_FRAMES)
+        assert list(history) == stored
+        history.close()
+
+
+def test_the_spool_file_is_unbuffered():
+    # A buffer would cost every room ~4 KB; frames go through os.pwrite/os.pread anyway.
+    history = FrameHistory(keep=1)
+    for data in frames(40):
+        history.append(data)
+    assert history._file is not None and not hasattr(history._file, "raw")
+    history.close()
+
+
+def test_reading_one_spilled_frame_reads_only_its_chunk(monkeypatch):
+    history = FrameHistory(keep=1)
+    stored = frames(1000)
+    for data in stored:
+        history.append(data)
+    reads = []
+
+    def recorded_pread(fd, size, offset):
+        reads.append(size)
+        return REAL_PREAD(fd, size, offset)
+
+    monkeypatch.setattr(history_module.os, "pread", recorded_pread)
+    assert history[900] == stored[900]
+    chunk = stored[896:928]
+    assert reads == [sum(1 + len(data) for data in chunk)]
+
+
+def test_negative_steps_and_indexes_read_back_like_a_list():
+    history = FrameHistory(keep=2)
+    stored = frames(200)
+    for data in stored:
+        history.append(data)
+    assert history[::-1] == stored[::-1] and history[150:10:-3] == stored[150:10:-3]
+    assert history[-200] == stored[0]
+    for index in (200, -201, 10_000):
+        with pytest.raises(IndexError, match="^frame history index out of range$"):
+            history[index]
+
+
+def test_a_truncated_spool_file_is_an_os_error_saying_how_short(tmp_path):
+    history = FrameHistory(keep=2, directory=str(tmp_path))
+    stored = frames(100)
+    for data in stored:
+        history.append(data)
+    first_chunk = sum(1 + len(data) for data in stored[:SPILL_FRAMES])
+    second_chunk = sum(1 + len(data) for data in stored[SPILL_FRAMES:2 * SPILL_FRAMES])
+    os.ftruncate(history._file.fileno(), first_chunk + 5)
+    with pytest.raises(OSError, match=rf"^frame history file is short \(5 of {second_chunk} "
+                                      rf"bytes\)$"):
+        history[SPILL_FRAMES]
+    assert history[0] == stored[0]                      # the intact chunk still reads
+    assert history[99] is stored[99]                    # frames in memory are still there

@@ -62,6 +62,15 @@ def test_no_advice_before_enough_inputs_and_none_when_disabled():
     assert advice_of(alice) == [] and advice_of(bob) == []
 
 
+def test_the_first_advice_comes_with_the_tenth_response_time():
+    # docs/RELAY_PROTOCOL.md 8.3: "No advice before 10 response times."
+    for inputs, advised in ((9, 0), (10, 1)):
+        harness, (alice, bob) = running_pair()
+        play(harness, [alice], inputs, response=0.05)
+        play(harness, [], 60, start=inputs, response=0.05)     # 2 s of reviews, no more inputs
+        assert len(advice_of(alice)) == advised
+
+
 def test_a_rare_slow_input_counts_only_past_the_percentile():
     harness, (alice, bob) = running_pair(input_delay_percentile=95.0, input_delay_window=100)
     play(harness, [alice], 150, response=lambda n: 0.300 if n % 50 == 0 else 0.040)
@@ -102,7 +111,8 @@ def test_the_advice_is_repeated_every_interval_and_counts_late_inputs():
     # Inputs for the frame that has just closed: every one of them is late.
     play(harness, [alice], 120, response=0.05, delay=0)
     advice = advice_of(alice)
-    assert len(advice) >= 3                                 # 4 s of play, one change
+    # 4 s of play: the first advice at the 10th input (0.35 s), then one a second, no more.
+    assert len(advice) == 4
     assert {a[0] for a in advice} == {2}
     frames, response_ms, late, inputs = advice[-1]
     assert inputs == late >= ADVICE_MIN_SAMPLES * 9      # every input counted, all late
