@@ -82,7 +82,7 @@ from typing import Any, Iterator, Optional
 
 import msgpack
 
-from relay.protocol import Frame, FrameDecoder, ProtocolError
+from relay.protocol import FRAME, Frame, FrameDecoder, ProtocolError
 
 MAGIC = b"RLREPLAY2\n"
 MAGIC_PREFIX = b"RLREPLAY"
@@ -714,7 +714,7 @@ def _decode_v1_frame(data: bytes) -> Frame:
         kind, number, inputs, events = msgpack.unpackb(data, raw=False)[:4]
     except Exception as error:   # msgpack raises several unrelated types for bad input
         raise ProtocolError("malformed", f"bad version-1 frame: {error}") from None
-    if kind != 30 or not isinstance(number, int) or not isinstance(inputs, list):
+    if kind != FRAME or not isinstance(number, int) or not isinstance(inputs, list):
         raise ProtocolError("malformed", "bad version-1 frame")
     return Frame(number, inputs, list(events))
 

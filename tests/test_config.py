@@ -347,6 +347,19 @@ def test_admin_token_from_setting_or_file_and_its_checks(tmp_path):
     assert "keep one" in message
 
 
+def test_an_unreadable_admin_token_file_is_one_line_naming_the_file_and_the_reason(tmp_path):
+    missing = tmp_path / "no-such-token"
+    message = error_of(environ={"RELAY_SECURITY_ADMIN_TOKEN_FILE": str(missing)})
+    assert message == (f"security.admin_token_file={str(missing)!r}: cannot read it: "
+                       f"No such file or directory (from environment variable "
+                       f"RELAY_SECURITY_ADMIN_TOKEN_FILE)")
+    binary = write(tmp_path, "", name="binary-token")
+    binary.write_bytes(b"\xff\xfe not text")
+    message = error_of(environ={"RELAY_SECURITY_ADMIN_TOKEN_FILE": str(binary)})
+    assert message.startswith(f"security.admin_token_file={str(binary)!r}: cannot read it: ")
+    assert "can't decode byte 0xff" in message and "\n" not in message
+
+
 def test_describe_never_shows_a_secret():
     config = load_config(environ={"RELAY_SECURITY_KEYS": f"1:{KEY_B}",
                                   "RELAY_SECURITY_ADMIN_TOKEN": "0123456789abcdef0123"})

@@ -63,6 +63,7 @@ def test_a_frame_that_repeats_inputs_needs_the_previous_frame():
     with pytest.raises(ProtocolError) as error:
         decode_frame(data)
     assert error.value.code == "needs_previous"
+    assert str(error.value).startswith("FRAME 9 repeats inputs of frame 8;")
     with pytest.raises(ProtocolError):
         decode_frame(data, [None, b"y"])                 # slot 0 had no input to repeat
     assert decode_frame(data, [b"x", b"z"]).inputs == [b"x", b"y"]

@@ -330,3 +330,18 @@ def test_inputs_repeated_from_the_previous_frame_round_trip_in_every_bitmap_byte
     data = encode_frame(frame, previous)
     assert len(data) < len(encode_frame(frame)), "repeats are sent as references"
     assert decode_frame(data, previous) == frame
+
+
+# -- the block limits the spec states (section 2.2 and the history block of section 10) -------
+
+def test_the_block_limits_are_the_ones_the_spec_states():
+    import inspect
+    import re
+    from pathlib import Path
+
+    spec = (Path(__file__).resolve().parent.parent / "docs" / "RELAY_PROTOCOL.md").read_text()
+    [block_mib] = re.findall(r"^\| `max_block_size` \| (\d+) MiB \|", spec, re.M)
+    [inflated_mib] = re.findall(r"the SDK refuses more than (\d+) MiB inflated", spec)
+    assert protocol.MAX_BLOCK_SIZE == int(block_mib) * 1024 * 1024
+    default = inspect.signature(decode_history).parameters["max_size"].default
+    assert default == int(inflated_mib) * 1024 * 1024

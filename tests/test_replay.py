@@ -485,3 +485,36 @@ def test_add_arguments_mounts_under_a_parent_cli(tmp_path, capsys):
     args = parser.parse_args(["replay", "inspect", str(path)])
     assert args.command == "replay" and args.func(args) == 0
     assert "lobby" in capsys.readouterr().out
+
+
+def _version_1_file(path, frames) -> None:
+    """A replay as version 1 wrote it: magic RLREPLAY1, header version 1, each frame the older
+    msgpack FRAME ``[30, number, inputs, events]`` (the module docstring)."""
+    records = [{"t": "header", "version": 1, "room": "old", "tick_rate": 30, "started_at": 1.5,
+                "players": ["a", "b"], "relay_version": "0.1"}]
+    records += [{"t": "frame", "n": n, "data": msgpack.packb(frame, use_bin_type=True)}
+                for n, frame in enumerate(frames)]
+    records.append({"t": "end", "frames": len(frames), "reason": "finished", "ended_at": 2.0})
+    compressor = zlib.compressobj()
+    body = b"".join(compressor.compress(msgpack.packb(r, use_bin_type=True)) for r in records)
+    path.write_bytes(b"RLREPLAY1\n" + body + compressor.flush())
+
+
+def test_a_version_1_replay_reads_back_with_its_msgpack_frames(tmp_path):
+    path = tmp_path / "v1.replay"
+    _version_1_file(path, [[30, 0, [b"a0", None], [["join", 0, "a"]]], [30, 1, [b"a1", b"b1"], []]])
+    reader = ReplayReader(path)
+    assert reader.version == 1 and reader.header["room"] == "old" and reader.complete
+    assert list(reader.decoded_frames()) == [
+        Frame(0, [b"a0", None], [["join", 0, "a"]]), Frame(1, [b"a1", b"b1"], [])]
+
+
+@pytest.mark.parametrize("frame", [[31, 0, [], []], [30, "0", [], []], [30, 0, {}, []], [30, 0]])
+def test_a_version_1_frame_of_another_layout_is_a_protocol_error(tmp_path, frame):
+    from relay.protocol import ProtocolError
+
+    path = tmp_path / "v1.replay"
+    _version_1_file(path, [frame])
+    with pytest.raises(ProtocolError) as refusal:
+        list(ReplayReader(path).decoded_frames())
+    assert refusal.value.code == "malformed"
