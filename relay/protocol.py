@@ -52,6 +52,7 @@ MAX_NAME_LENGTH = 64
 MAX_BLOCK_SIZE = 32 * 1024 * 1024
 """Largest history block the relay sends and its clients accept (RELAY_PROTOCOL 2.2)."""
 FRAME_NUMBER_LIMIT = 2**32          # frame numbers are u32
+U32_MAX = FRAME_NUMBER_LIMIT - 1
 
 
 class ProtocolError(ValueError):
@@ -402,19 +403,61 @@ class FrameDecoder:
         return frame
 
 
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return _is_int(value) and low <= value <= high
+
+
+def _is_text_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _welcome(body: Any) -> Welcome:
+    if not isinstance(body, dict):
+        raise TypeError("WELCOME carries a map")
+    slot, spectator = body["slot"], body.get("spectator", False)   # older relays omit spectator
+    if not (isinstance(body["room"], str) and isinstance(body["player"], str)
+            and (slot is None or _int_in(slot, 0, 2**31 - 1))
+            and _int_in(body["tick_rate"], 0, U32_MAX) and isinstance(body["state"], str)
+            and _int_in(body["next_frame"], 0, U32_MAX) and _int_in(body["history"], 0, U32_MAX)
+            and isinstance(spectator, bool)):
+        raise TypeError("a WELCOME field has the wrong type or range")
+    return Welcome(body["room"], body["player"], slot, body["tick_rate"], body["state"],
+                   body["next_frame"], body["history"], spectator)
+
+
+# What each relay -> client message other than WELCOME must hold after its type (section 4.2):
+# (fewest elements, a check per element; elements past the checks are not looked at).
+_RELAY_MESSAGE_SHAPES = {
+    REFUSED: (3, (lambda code: isinstance(code, str), lambda text: isinstance(text, str))),
+    NOTICE: (3, (lambda code: isinstance(code, str), lambda text: isinstance(text, str))),
+    ROOM_STATE: (3, (lambda state: isinstance(state, str), lambda frame: _int_in(frame, 0, U32_MAX),
+                     lambda reason: reason is None or isinstance(reason, str))),
+    DESYNC: (5, (lambda frame: _int_in(frame, 0, U32_MAX),
+                 lambda checksums: isinstance(checksums, dict) and all(
+                     isinstance(player, str) and _is_int(value) for player, value in checksums.items()),
+                 _is_text_list, lambda verdict: isinstance(verdict, str),
+                 lambda groups: isinstance(groups, list) and all(_is_text_list(g) for g in groups))),
+    INPUT_DELAY: (5, (lambda frames: _int_in(frames, 0, U32_MAX),) * 4),
+}
+
+
 def decode_relay_message(data: bytes, previous: Optional[list] = None):
-    """Parse a relay message (for clients): Welcome, Frame, or a list for the others. A FRAME
-    that refers to the previous frame's inputs needs them as ``previous`` (or use FrameDecoder)."""
+    """Parse a relay message (for clients): Welcome, Frame, or, for the others, the message as
+    a list whose elements have been checked against section 4.2. A FRAME that refers to the
+    previous frame's inputs needs them as ``previous`` (or use FrameDecoder)."""
     if data[:1] == b"\xc1":
         return decode_frame(data, previous)
     message = unpack(data)
     kind = message[0]
     try:
         if kind == WELCOME:
-            body = message[1]
-            return Welcome(body["room"], body["player"], body["slot"], body["tick_rate"],
-                           body["state"], body["next_frame"], body["history"], body["spectator"])
-        if kind in (REFUSED, ROOM_STATE, DESYNC, NOTICE, INPUT_DELAY):
+            return _welcome(message[1])
+        shape = _RELAY_MESSAGE_SHAPES.get(kind)
+        if shape is not None:
+            fewest, checks = shape
+            if len(message) < fewest or not all(
+                    check(value) for check, value in zip(checks, message[1:])):
+                raise TypeError("an element has the wrong type or range")
             return message
     except (IndexError, KeyError, TypeError):
         raise ProtocolError("malformed", f"relay message type {kind} is malformed") from None

@@ -345,3 +345,67 @@ def test_the_block_limits_are_the_ones_the_spec_states():
     assert protocol.MAX_BLOCK_SIZE == int(block_mib) * 1024 * 1024
     default = inspect.signature(decode_history).parameters["max_size"].default
     assert default == int(inflated_mib) * 1024 * 1024
+
+
+# -- relay -> client messages (section 4.2): every field checked, as the C client does -------
+
+WELCOME_BODY = {"room": "r", "player": "p", "slot": 0, "tick_rate": 30, "state": "waiting",
+                "next_frame": 0, "history": 0, "spectator": False}
+
+
+def test_a_welcome_without_the_spectator_flag_is_a_player_welcome():
+    body = {key: value for key, value in WELCOME_BODY.items() if key != "spectator"}
+    assert decode_relay_message(pack(WELCOME, body)).spectator is False
+    spectator = {**WELCOME_BODY, "slot": None, "spectator": True}
+    welcome = decode_relay_message(pack(WELCOME, spectator))
+    assert (welcome.slot, welcome.spectator) == (None, True)
+    edge = {**WELCOME_BODY, "slot": 2**31 - 1, "next_frame": U32_MAX, "history": U32_MAX}
+    assert decode_relay_message(pack(WELCOME, edge)).next_frame == U32_MAX
+
+
+@pytest.mark.parametrize("key, value", [
+    ("room", 1), ("player", None), ("slot", -1), ("slot", 2**31), ("slot", "0"), ("slot", True),
+    ("tick_rate", -1), ("tick_rate", 2**32), ("state", 0), ("next_frame", -1),
+    ("next_frame", 2**32), ("history", -1), ("history", 1.0), ("spectator", 1)])
+def test_a_welcome_field_of_the_wrong_type_or_range_is_malformed(key, value):
+    assert refused(decode_relay_message, pack(WELCOME, {**WELCOME_BODY, key: value})).code == "malformed"
+
+
+@pytest.mark.parametrize("key", sorted(set(WELCOME_BODY) - {"spectator"}))
+def test_a_welcome_missing_a_field_is_malformed(key):
+    body = {k: v for k, v in WELCOME_BODY.items() if k != key}
+    assert refused(decode_relay_message, pack(WELCOME, body)).code == "malformed"
+
+
+GOOD_RELAY_MESSAGES = [
+    [protocol.REFUSED, "room_full", "the room is full"],
+    [protocol.NOTICE, "already_joined", "text"],
+    [protocol.ROOM_STATE, "running", 0],
+    [protocol.ROOM_STATE, "ended", U32_MAX, "finished"],
+    [protocol.ROOM_STATE, "ended", 5, None],
+    [protocol.DESYNC, 7, {"a": 1, "b": -2}, ["b"], "minority"],
+    [protocol.DESYNC, 7, {"a": 1, "b": 2**64 - 1}, [], "undecided", [["a"], ["b"]]],
+    [protocol.INPUT_DELAY, 3, 80, 0, 100],
+]
+
+
+@pytest.mark.parametrize("message", GOOD_RELAY_MESSAGES, ids=lambda m: str(m[0]))
+def test_well_formed_relay_messages_decode_as_sent(message):
+    assert decode_relay_message(pack(*message)) == message
+
+
+@pytest.mark.parametrize("message", [
+    [protocol.REFUSED, "room_full"], [protocol.REFUSED, 1, "text"], [protocol.REFUSED, "c", None],
+    [protocol.NOTICE, "code"], [protocol.NOTICE, "code", b"bytes"],
+    [protocol.ROOM_STATE, "running"], [protocol.ROOM_STATE, 1, 0], [protocol.ROOM_STATE, "x", -1],
+    [protocol.ROOM_STATE, "x", 2**32], [protocol.ROOM_STATE, "ended", 5, 7],
+    [protocol.DESYNC, 7, {"a": 1}, ["a"]], [protocol.DESYNC, -1, {}, [], "v"],
+    [protocol.DESYNC, 7, {"a": "1"}, [], "v"], [protocol.DESYNC, 7, {1: 1}, [], "v"],
+    [protocol.DESYNC, 7, [], [], "v"], [protocol.DESYNC, 7, {}, ["a", 1], "v"],
+    [protocol.DESYNC, 7, {}, [], None], [protocol.DESYNC, 7, {}, [], "v", [["a", 2]]],
+    [protocol.DESYNC, 7, {}, [], "v", "groups"],
+    [protocol.INPUT_DELAY, 3, 80, 0], [protocol.INPUT_DELAY, -1, 80, 0, 1],
+    [protocol.INPUT_DELAY, 3, 80, 0, "1"], [protocol.INPUT_DELAY, 3, True, 0, 1],
+], ids=lambda m: str(m))
+def test_a_relay_message_missing_an_element_or_of_the_wrong_type_is_malformed(message):
+    assert refused(decode_relay_message, pack(*message)).code == "malformed"
