@@ -18,8 +18,8 @@ For each module it:
   5. prints mutants, killed, survived, timeouts, the score and every surviving
      mutant (file:line, operator, the change), PASS/FAIL against the threshold.
 
-Survivors listed in tools/mutation_equivalent.toml (file, line, column, operator, why)
-are reported as equivalent and left out of the score.
+Survivors listed in tools/mutation_equivalent.toml (file, the line's code, column,
+operator, why) are reported as equivalent and left out of the score.
 
     python tools/mutation.py                           # every configured module
     python tools/mutation.py --module relay/room.py    # one module
@@ -66,7 +66,7 @@ def load_equivalent(path: Path = EQUIVALENT) -> list[dict]:
         return []
     entries = tomllib.loads(path.read_text()).get("equivalent", [])
     for entry in entries:
-        missing = {"file", "line", "operator", "why"} - entry.keys()
+        missing = {"file", "code", "operator", "why"} - entry.keys()
         if missing:
             raise SystemExit(f"{path}: entry {entry} lacks {sorted(missing)}")
     return entries
@@ -303,11 +303,13 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
                         m.outcome = "error"
                         m.change = f"{res.worker_outcome.value}: {(res.output or '').strip()[-200:]}"
                     result.mutants.append(m)
+        source = (ROOT / module).read_text().splitlines()
         for m in result.mutants:
             if m.outcome != "survived":
                 continue
             for e in equivalent:
-                if (e["file"] == m.file and int(e["line"]) == m.line and e["operator"] == m.operator
+                if (e["file"] == m.file and e["operator"] == m.operator
+                        and e["code"] == source[m.line - 1].strip()
                         and int(e.get("column", m.column)) == m.column):
                     m.outcome, m.why = "equivalent", e["why"]
                     break
