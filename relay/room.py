@@ -338,7 +338,6 @@ class Room(RoomCore):
             if member.spectator:
                 for number in range(max(member.last_sent + 1, member.next_live), self.open_frame):
                     self.actions.append(Action("send", member.peer_id, STREAM, self.history[number]))
-                member.last_sent = self.open_frame - 1
         self._broadcast(CONTROL, protocol.room_state(ENDED, self.open_frame, reason))
         self.events.append(RoomEvent("ended", {"reason": reason, "frames": self.open_frame}))
 

@@ -70,5 +70,26 @@ def test_changed_lines_reads_added_and_changed_lines_from_a_zero_context_diff(mo
     assert tool.changed_lines("HEAD~1", "relay/room.py") == {11, 12, 13, 43}
 
 
+def test_an_equivalent_entry_matches_its_line_wherever_it_moved():
+    tool = _tool()
+    entry = {"file": "relay/x.py", "code": "if a < b:", "column": 9,
+             "operator": "core/ReplaceComparisonOperator_Lt_LtE", "why": "because"}
+    source = ["def f(a, b):", "    x = 1", "    if a < b:", "        return 1"]
+
+    def mutant(line, column=9, operator=entry["operator"], file="relay/x.py"):
+        return tool.Mutant("job", file, line, column, operator, 0)
+
+    assert tool.equivalent_entry(mutant(3), [entry], source) is entry
+    assert tool.equivalent_entry(mutant(3), [entry], ["", ""] + source) is None   # now line 5
+    assert tool.equivalent_entry(mutant(5), [entry], ["", ""] + source) is entry
+    assert tool.equivalent_entry(mutant(3, column=4), [entry], source) is None
+    assert tool.equivalent_entry(mutant(3, operator="core/NumberReplacer"), [entry], source) is None
+    assert tool.equivalent_entry(mutant(3, file="relay/y.py"), [entry], source) is None
+    changed = ["def f(a, b):", "    x = 1", "    if a < b + 1:"]
+    assert tool.equivalent_entry(mutant(3), [entry], changed) is None
+    any_column = {key: value for key, value in entry.items() if key != "column"}
+    assert tool.equivalent_entry(mutant(3, column=4), [any_column], source) is any_column
+
+
 def test_the_tool_parses():
     ast.parse((ROOT / "tools" / "mutation.py").read_text())

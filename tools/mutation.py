@@ -195,6 +195,17 @@ def change_of(diff: str) -> str:
     return f"{old}  ->  {new}"
 
 
+def equivalent_entry(m: "Mutant", entries: list[dict], source: list[str]) -> dict | None:
+    """The entry of tools/mutation_equivalent.toml that explains survivor ``m`` (same file,
+    operator, the text of its line and, if the entry gives one, column), or None."""
+    code = source[m.line - 1].strip()
+    for e in entries:
+        if (e["file"] == m.file and e["operator"] == m.operator and e["code"] == code
+                and int(e.get("column", m.column)) == m.column):
+            return e
+    return None
+
+
 def run_module(module: str, tests: list[str], settings: dict, args, equivalent: list[dict],
                files: list[str]) -> ModuleResult:
     from cosmic_ray.work_db import WorkDB, use_db
@@ -305,14 +316,9 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
                     result.mutants.append(m)
         source = (ROOT / module).read_text().splitlines()
         for m in result.mutants:
-            if m.outcome != "survived":
-                continue
-            for e in equivalent:
-                if (e["file"] == m.file and e["operator"] == m.operator
-                        and e["code"] == source[m.line - 1].strip()
-                        and int(e.get("column", m.column)) == m.column):
-                    m.outcome, m.why = "equivalent", e["why"]
-                    break
+            entry = equivalent_entry(m, equivalent, source) if m.outcome == "survived" else None
+            if entry is not None:
+                m.outcome, m.why = "equivalent", entry["why"]
         result.mutants.sort(key=Mutant.key)
         result.elapsed_s = time.monotonic() - started
         return result
