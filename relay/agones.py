@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import aiohttp
 
+from relay.config import AgonesSettings
 from relay.logs import get_logger
 
 DEFAULT_PORT = 9358
@@ -101,44 +102,6 @@ def room_annotation_key(room: str) -> str:
     base = sanitize_label_value(room)[:budget - 9]
     base = _EDGE.sub("", base)
     return f"{ROOM_ANNOTATION_PREFIX}{base}-{digest}" if base else f"{ROOM_ANNOTATION_PREFIX}{digest}"
-
-
-@dataclass
-class AgonesSettings:
-    enabled: bool = False
-    """Talk to the Agones SDK sidecar (run under Agones only)."""
-    host: str = "127.0.0.1"
-    port: int = 0
-    """The sidecar's HTTP port; 0 (or None) = $AGONES_SDK_HTTP_PORT, else 9358."""
-    health_interval: float = 5.0
-    """Seconds between Health pings; keep it well under the GameServer's health.periodSeconds."""
-    shutdown_when_empty: bool = False
-    """Ask Agones to shut this GameServer down once the last live room ended (after a match)."""
-    player_tracking: bool = False
-    """Report player connects/disconnects (Agones PlayerTracking alpha feature gate)."""
-    request_timeout: float = 2.0
-    max_retries: int = 5
-    """Retries after a failed update or Shutdown before it is dropped (Ready retries forever)."""
-    backoff_initial: float = 0.2
-    backoff_max: float = 5.0
-
-    def validate(self) -> "AgonesSettings":
-        from relay.config import ConfigError   # lazy: relay.config may import this module
-
-        def check(key: str, value, low, high) -> None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise ConfigError(f"agones.{key}={value!r}: allowed {low}..{high}")
-
-        if not isinstance(self.host, str) or not self.host or any(c.isspace() for c in self.host):
-            raise ConfigError(f"agones.host={self.host!r}: a host name or address")
-        if self.port is not None:
-            check("port", self.port, 0, 65535)
-        check("health_interval", self.health_interval, 0.01, 300.0)
-        check("request_timeout", self.request_timeout, 0.01, 60.0)
-        check("max_retries", self.max_retries, 0, 100)
-        check("backoff_initial", self.backoff_initial, 0.001, 60.0)
-        check("backoff_max", self.backoff_max, self.backoff_initial, 600.0)
-        return self
 
 
 def resolve_port(settings: AgonesSettings, environ: Optional[Mapping[str, str]] = None) -> int:

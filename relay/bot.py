@@ -257,11 +257,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     minter = None
     if args.key or args.key_file or args.config:
-        from relay.cli import token_keys_from_args
-        from relay.config import ConfigError
+        from relay.config import ConfigError, minting_keys
 
         try:
-            keys, key_id = token_keys_from_args(args)
+            keys, key_id = minting_keys(args.key, args.key_file, args.config)
         except ConfigError as error:
             print(f"relay bot: {error}", file=sys.stderr)
             return 2

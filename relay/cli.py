@@ -99,35 +99,12 @@ def _ttl_argument(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def token_keys_from_args(args: argparse.Namespace) -> tuple[dict[int, bytes], int]:
-    """Keys and the default mint key id from --key / --key-file, else from the relay settings
-    (--config, RELAY_CONFIG, RELAY_SECURITY_KEYS, RELAY_SECURITY_KEYS_FILE). Raises ConfigError."""
-    from relay.config import ConfigError, load_config, parse_keys, read_key_file
-
-    if getattr(args, "key", None) or getattr(args, "key_file", None):
-        keys = parse_keys(" ".join(args.key or ()), "--key")
-        if args.key_file:
-            for key_id, key in read_key_file(args.key_file).items():
-                if key_id in keys:
-                    raise ConfigError(f"key id {key_id} is in both --key and --key-file")
-                keys[key_id] = key
-        mint_id = max(keys)
-    else:
-        security = load_config(getattr(args, "config", None) or os.environ.get("RELAY_CONFIG")).security
-        keys = security.load_keys()
-        if not keys:
-            raise ConfigError("no token key: pass --key ID:BASE64KEY or --key-file FILE, or set "
-                              "security.keys_file / RELAY_SECURITY_KEYS (see `relay token keygen`)")
-        mint_id = security.mint_key()[0]
-    return keys, mint_id
-
-
 def _token_mint(args: argparse.Namespace) -> int:
-    from relay.config import ConfigError
+    from relay.config import ConfigError, minting_keys
     from relay_core.token import mint_token
 
     try:
-        keys, key_id = token_keys_from_args(args)
+        keys, key_id = minting_keys(args.key, args.key_file, args.config)
     except ConfigError as error:
         print(f"relay token mint: {error}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from relay.agones import AgonesSettings
 
 ENV_PREFIX = "RELAY_"
 
@@ -377,6 +376,38 @@ class SecuritySettings:
 
 
 @dataclass
+class AgonesSettings:
+    enabled: bool = False
+    """Talk to the Agones SDK sidecar (run under Agones only)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """The sidecar's HTTP port; 0 (or None) = $AGONES_SDK_HTTP_PORT, else 9358."""
+    health_interval: float = 5.0
+    """Seconds between Health pings; keep it well under the GameServer's health.periodSeconds."""
+    shutdown_when_empty: bool = False
+    """Ask Agones to shut this GameServer down once the last live room ended (after a match)."""
+    player_tracking: bool = False
+    """Report player connects/disconnects (Agones PlayerTracking alpha feature gate)."""
+    request_timeout: float = 2.0
+    max_retries: int = 5
+    """Retries after a failed update or Shutdown before it is dropped (Ready retries forever)."""
+    backoff_initial: float = 0.2
+    backoff_max: float = 5.0
+
+    def validate(self) -> "AgonesSettings":
+        if not isinstance(self.host, str) or not self.host or any(c.isspace() for c in self.host):
+            raise ConfigError(f"agones.host={self.host!r}: a host name or address")
+        if self.port is not None:
+            _check_range("agones.port", self.port, 0, 65535)
+        _check_range("agones.health_interval", self.health_interval, 0.01, 300.0)
+        _check_range("agones.request_timeout", self.request_timeout, 0.01, 60.0)
+        _check_range("agones.max_retries", self.max_retries, 0, 100)
+        _check_range("agones.backoff_initial", self.backoff_initial, 0.001, 60.0)
+        _check_range("agones.backoff_max", self.backoff_max, self.backoff_initial, 600.0)
+        return self
+
+
+@dataclass
 class RelayConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     rooms: RoomSettings = field(default_factory=RoomSettings)
@@ -514,6 +545,27 @@ def load_config(path: Optional[str | Path] = None,
 
 SECRETS = {("security", "keys"), ("security", "admin_token")}
 """Settings never logged: describe() shows whether they are set."""
+
+
+def minting_keys(key_texts: Optional[list[str]], key_file: Optional[str],
+                 config_path: Optional[str]) -> tuple[dict[int, bytes], int]:
+    """Token keys and the default mint key id for the command-line tools: from ``--key`` texts
+    and a ``--key-file`` when given, else from the relay settings (``config_path``,
+    RELAY_CONFIG, RELAY_SECURITY_KEYS, RELAY_SECURITY_KEYS_FILE). Raises ConfigError."""
+    if key_texts or key_file:
+        keys = parse_keys(" ".join(key_texts or ()), "--key")
+        if key_file:
+            for key_id, key in read_key_file(key_file).items():
+                if key_id in keys:
+                    raise ConfigError(f"key id {key_id} is in both --key and --key-file")
+                keys[key_id] = key
+        return keys, max(keys)
+    security = load_config(config_path or os.environ.get("RELAY_CONFIG")).security
+    keys = security.load_keys()
+    if not keys:
+        raise ConfigError("no token key: pass --key ID:BASE64KEY or --key-file FILE, or set "
+                          "security.keys_file / RELAY_SECURITY_KEYS (see `relay token keygen`)")
+    return keys, security.mint_key()[0]
 
 
 def describe(config: RelayConfig) -> dict:

@@ -8,9 +8,10 @@ import time
 from aiohttp import web
 
 from relay.agones import (
-    LABEL_PLAYERS, LABEL_ROOMS, LABEL_ROOMS_RUNNING, AgonesClient, AgonesSettings,
+    LABEL_PLAYERS, LABEL_ROOMS, LABEL_ROOMS_RUNNING, AgonesClient,
     is_valid_key, is_valid_label_value, resolve_port, room_annotation_key, sanitize_label_value,
 )
+from relay.config import AgonesSettings
 
 LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
 

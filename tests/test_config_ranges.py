@@ -106,6 +106,18 @@ RANGES = [
     ("security.handshake_rate", 1_000_000.0, above(1_000_000.0), {}),
     ("security.handshake_burst", 1, 0, {}),
     ("security.handshake_burst", 1_000_000, 1_000_001, {}),
+    ("agones.port", 0, -1, {}),
+    ("agones.port", 65535, 65536, {}),
+    ("agones.health_interval", 0.01, below(0.01), {}),
+    ("agones.health_interval", 300.0, above(300.0), {}),
+    ("agones.request_timeout", 0.01, below(0.01), {}),
+    ("agones.request_timeout", 60.0, above(60.0), {}),
+    ("agones.max_retries", 0, -1, {}),
+    ("agones.max_retries", 100, 101, {}),
+    ("agones.backoff_initial", 0.001, below(0.001), {}),
+    ("agones.backoff_initial", 60.0, above(60.0), {"agones.backoff_max": 600.0}),
+    ("agones.backoff_max", 0.2, below(0.2), {}),                  # never below backoff_initial
+    ("agones.backoff_max", 600.0, above(600.0), {}),
 ]
 
 
@@ -123,7 +135,7 @@ def test_range_boundary_is_accepted_and_one_past_it_refused_naming_the_key(key, 
 def test_the_table_covers_every_range_check_in_config_py():
     checked = set(re.findall(r'_check_range\("([a-z_]+\.[a-z_]+)"', CONFIG_SOURCE))
     checked |= {"security.handshake_rate"}            # its own check: 0 or 0.1..1000000
-    assert len(checked) >= 34            # guards the pattern itself
+    assert len(checked) >= 40            # guards the pattern itself
     tabled = {row[0] for row in RANGES}
     assert checked - tabled == set(), "range checks without a boundary test"
     assert tabled - checked == set(), "rows for checks that no longer exist"
