@@ -400,3 +400,24 @@ def test_the_admin_api_needs_a_token_beyond_loopback_or_once_one_is_set():
 def test_bad_security_values_name_the_variable_and_what_is_allowed(name, value, allowed):
     message = error_of(environ={name: value})
     assert name in message and allowed in message
+
+
+# -- the command-line tools' keys (relay token mint, relay bot) ------------------------------
+
+def test_minting_keys_come_from_key_texts_and_a_key_file_else_from_the_settings(tmp_path):
+    from relay.config import minting_keys
+
+    key_file = write(tmp_path, f'7 = "{KEY_B}"\n', name="keys.toml")
+    keys, mint_id = minting_keys([f"1:{KEY_A}", f"3:{KEY_A}"], None, None)
+    assert sorted(keys) == [1, 3] and mint_id == 3                 # the newest id mints
+    keys, mint_id = minting_keys([f"1:{KEY_A}"], str(key_file), None)
+    assert sorted(keys) == [1, 7] and mint_id == 7
+    keys, mint_id = minting_keys(None, str(key_file), None)
+    assert sorted(keys) == [7] and mint_id == 7
+    with pytest.raises(ConfigError, match="^key id 7 is in both --key and --key-file$"):
+        minting_keys([f"7:{KEY_A}"], str(key_file), None)
+    settings = write(tmp_path, f'[security]\nkeys = "2:{KEY_A} 5:{KEY_B}"\nmint_key_id = 2\n')
+    keys, mint_id = minting_keys(None, None, str(settings))
+    assert sorted(keys) == [2, 5] and mint_id == 2                 # the settings' mint_key_id
+    with pytest.raises(ConfigError, match="^no token key: pass --key"):
+        minting_keys([], None, str(write(tmp_path, "", name="empty.toml")))
