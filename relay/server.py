@@ -494,10 +494,19 @@ class RelayServer:
             self.metrics.drops.labels(reason="too_large").inc()
             self.log.error("send_refused", room=room.room_id, peer=action.peer_id,
                            kind=action.kind, bytes=len(action.data), error=str(error))
-            if action.kind == "block" and self.endpoint.is_connected(action.peer_id):
-                # As for a block the core's queue refused: the member's catch-up is not left
-                # open waiting for a delivery that never comes, and is repaired at a later tick.
-                room.on_send_failed(action.peer_id, "block")
+            if action.kind == "block":
+                if self.endpoint.is_connected(action.peer_id):
+                    # As for a block the core's queue refused: the member's catch-up is not left
+                    # open waiting for a delivery that never comes, and is repaired at a later tick.
+                    room.on_send_failed(action.peer_id, "block")
+            elif action.channel == STREAM:
+                # A frame too large for one message (inputs at the configured maximum plus
+                # many events): every member it was for gets it in a catch-up block (blocks
+                # go up to protocol.MAX_BLOCK_SIZE) at the next tick, so no frame is lost.
+                recipients = action.peer_ids if action.kind == "broadcast" else (action.peer_id,)
+                for peer_id in recipients:
+                    if self.endpoint.is_connected(peer_id):
+                        room.on_send_failed(peer_id, "stream")
 
     def _carry_out(self, room: Room, action: Action) -> None:
         if action.kind == "broadcast":

@@ -1,5 +1,6 @@
-"""The server hands every refused history or catch-up block back to its room, and a refused part of
-a history cut into several blocks does not make the room lose count of the parts still in flight.
+"""The server hands every refused history or catch-up block, and every frame the core refuses as
+too large, back to its room, and a refused part of a history cut into several blocks does not
+make the room lose count of the parts still in flight.
 
 The core refuses a block in two ways: ``send_block`` returns False (its queue is full) or raises
 ValueError (the block exceeds max_block_size). Both must reach ``Room.on_send_failed`` or the
@@ -196,3 +197,44 @@ def test_server_hands_a_block_refused_by_a_full_queue_back_to_the_room_for_repai
     room.tick(1.0)
     repairs = [a for a in room.take_actions() if a.kind == "block" and a.peer_id == 2]
     assert len(repairs) == 1 and protocol.decode_history(repairs[0].data)[0] == 0
+
+
+class RefusingFrames(StandInEndpoint):
+    """Takes blocks; refuses STREAM messages of ``refused`` (frame bytes) as too large, as the
+    core does for a frame past max_message_size."""
+
+    def __init__(self, refused: set):
+        super().__init__()
+        self.refused = refused
+
+    def _check(self, channel, data):
+        if channel == protocol.STREAM and data in self.refused:
+            raise ValueError(f"message of {len(data)} bytes on channel 1 exceeds max_message_size")
+
+    def send(self, peer_id, channel, data) -> bool:
+        self._check(channel, data)
+        return True
+
+    def send_many(self, peer_ids, channel, data):
+        self._check(channel, data)
+        return []
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_a_frame_too_large_for_one_message_reaches_every_player_in_a_catch_up_block(broadcast):
+    # Before: the ValueError was counted and logged, and the frame was simply lost for the
+    # whole room (clients wait for it forever).
+    server = make_server()
+    room = running_room(server, 5)
+    room.join(2, "bob", False, 1.0)
+    room.broadcast_frames = broadcast
+    server.endpoint = StandInEndpoint()
+    server._drain(room)
+    room.on_block_delivered(2)                          # bob's history arrived
+    data = room.tick(1.0)                               # frame 5: the core refuses it
+    server.endpoint = RefusingFrames({data})
+    server._drain(room)
+    assert {peer: room.members[peer].missing_from for peer in (1, 2)} == {1: 5, 2: 5}
+    room.tick(1.1)                                      # frame 6 goes; 5 is repaired
+    server._drain(room)
+    assert sorted(server.endpoint.taken) == [(1, 5), (2, 5)]
