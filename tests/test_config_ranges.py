@@ -227,3 +227,96 @@ def test_neutral_policy_read_from_a_file_needs_a_neutral_input(tmp_path):
     path.write_text('[rooms]\nmissing_input_policy = "neutral"\nneutral_input = "0a"\n',
                     encoding="utf-8")
     assert load_config(path, environ={}).rooms.neutral_input_bytes == b"\x0a"
+
+
+def test_a_full_frame_one_byte_past_256_kib_is_refused():
+    # 137 x (1908 + 5) + 64 == 262145: one byte too many (and 137 x 1913 has bit 6 set, so a
+    # check that or-ed the framing in instead of adding it would let it through).
+    assert 137 * (1908 + 5) + 64 == 262144 + 1
+    with pytest.raises(ConfigError, match=r"^rooms\.capacity=137 x rooms\.max_input_bytes=1908"):
+        load({"rooms.capacity": 137, "rooms.max_input_bytes": 1908})
+    assert load({"rooms.capacity": 137, "rooms.max_input_bytes": 1907}).rooms.capacity == 137
+
+
+# -- hosts -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["relay.example.com", "a", "zzz", "0.0.0.0.0", "localhost "])
+def test_a_listen_host_that_is_not_an_address_or_localhost_is_refused(host):
+    with pytest.raises(ConfigError, match=r"^server\.udp_host=.*an IPv4/IPv6 address or 'localhost'"):
+        load({"server.udp_host": host})
+
+
+def test_only_loopback_addresses_and_localhost_count_as_loopback(tmp_path):
+    from relay.config import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    for host in ("0.0.0.0", "::", "10.0.0.1", "relay.example.com", "mmm", "zzz", "a"):
+        assert not is_loopback(host), host
+    # A host read from a file is a fresh string: still localhost.
+    path = tmp_path / "relay.toml"
+    path.write_text('[server]\nudp_host = "localhost"\n[security]\nmode = "auto"\n')
+    config = load_config(path, environ={})
+    assert config.security_mode == "open" and is_loopback(config.server.udp_host)
+
+
+def test_security_mode_auto_read_from_a_file_resolves_by_the_listen_address(tmp_path):
+    path = tmp_path / "relay.toml"
+    path.write_text('[security]\nmode = "auto"\n')
+    assert load_config(path, environ={}).security_mode == "open"
+    path.write_text('[server]\nudp_host = "0.0.0.0"\n[security]\nmode = "auto"\n')
+    assert load_config(path, environ={}).security_mode == "token"
+
+
+@pytest.mark.parametrize("host", ["", "a b", " x", "x\t"])
+def test_an_agones_sidecar_host_that_is_empty_or_has_spaces_is_refused(host):
+    with pytest.raises(ConfigError, match=r"^agones\.host=.*a host name or address"):
+        load({"agones.host": host})
+
+
+# -- token keys ------------------------------------------------------------------------------
+
+KEY_32 = base64.b64encode(bytes(range(32))).decode().rstrip("=")
+
+
+def test_key_ids_0_and_2_32_minus_1_are_valid_and_0_can_be_the_mint_key():
+    security = load({"security.keys": f"0:{KEY_B64} {MAX_KEY_ID}:{KEY_B64}",
+                     "security.mint_key_id": 0}).security
+    assert sorted(security.load_keys()) == [0, MAX_KEY_ID]
+    assert security.mint_key() == (0, bytes(range(32)))
+    with pytest.raises(ConfigError, match=r"^security\.mint_key_id=0"):
+        load({"security.keys": f"5:{KEY_B64}", "security.mint_key_id": 0})
+
+
+@pytest.mark.parametrize("text, why", [
+    (KEY_32[:20] + "!" + KEY_32[20:], "not base64 text"),      # 43 good characters and junk
+    (KEY_32[:20] + "*" + KEY_32[20:], "not base64 text"),
+    (base64.b64encode(bytes(33)).decode(), "33 bytes"),
+    (base64.b64encode(bytes(31)).decode(), "31 bytes"),
+])
+def test_a_key_that_is_not_exactly_32_bytes_of_clean_base64_is_refused(text, why):
+    with pytest.raises(ConfigError, match=why):
+        load({"security.keys": f"1:{text}"})
+
+
+# -- admin token -----------------------------------------------------------------------------
+
+def test_an_admin_token_of_16_printable_ascii_characters_is_the_shortest_accepted():
+    assert load({"security.admin_token": "x" * 16}).security.load_admin_token() == "x" * 16
+    for token in ("x" * 15, "é" * 16, "x" * 15 + "\x7f", "x" * 8 + "\u00a0" + "x" * 8):
+        with pytest.raises(ConfigError, match="at least 16 printable ASCII characters"):
+            load({"security.admin_token": token}).security.load_admin_token()
+
+
+# -- the environment -------------------------------------------------------------------------
+
+def test_other_programs_relay_variables_are_skipped_and_the_rest_still_applied():
+    environ = {"RELAY_FOO_BAR": "1", "RELAY_OTHER": "x", "RELAY_SERVER_TICK_RATE": "60"}
+    assert load_config(None, environ=environ).server.tick_rate == 60
+
+
+def test_a_number_that_does_not_parse_is_a_config_error_naming_the_variable():
+    for name, value, expected in (("RELAY_SERVER_DRAIN_TIMEOUT", "soon", "a number"),
+                                  ("RELAY_SERVER_UDP_PORT", "7e3", "an integer"),
+                                  ("RELAY_ROOMS_AUTO_CREATE", "maybe", "true or false")):
+        with pytest.raises(ConfigError, match=rf": {expected} \(from environment variable {name}\)$"):
+            load_config(None, environ={name: value})

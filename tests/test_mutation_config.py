@@ -91,5 +91,23 @@ def test_an_equivalent_entry_matches_its_line_wherever_it_moved():
     assert tool.equivalent_entry(mutant(3, column=4), [any_column], source) is any_column
 
 
+def test_mutants_inside_annotations_are_found_only_under_postponed_annotations():
+    tool = _tool()
+    source = ("from __future__ import annotations\n"
+              "def f(a: int | None, b=1 + 2) -> str | None:\n"
+              "    x: list[int] = [a | b]\n"
+              "    return x\n")
+    spans = tool.annotation_spans(source)
+
+    def at(line, column):
+        return tool.in_annotation(tool.Mutant("job", "m.py", line, column, "op", 0), spans)
+
+    line2, line3 = source.splitlines()[1], source.splitlines()[2]
+    assert at(2, line2.index("| None,")) and at(2, line2.index("| None:"))
+    assert not at(2, line2.index("+ 2"))                     # a default value is evaluated
+    assert at(3, line3.index("list")) and not at(3, line3.index("| b"))
+    assert tool.annotation_spans(source.replace("from __future__ import annotations\n", "")) == []
+
+
 def test_the_tool_parses():
     ast.parse((ROOT / "tools" / "mutation.py").read_text())

@@ -33,6 +33,7 @@ not, 2 on a usage or baseline error.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import random
@@ -164,6 +165,7 @@ class ModuleResult:
     mutants: list[Mutant] = field(default_factory=list)
     baseline_s: float = 0.0
     elapsed_s: float = 0.0
+    in_annotations: int = 0     # mutants inside never-evaluated annotations: not run
 
     def count(self, outcome: str) -> int:
         return sum(1 for m in self.mutants if m.outcome == outcome)
@@ -204,6 +206,34 @@ def equivalent_entry(m: "Mutant", entries: list[dict], source: list[str]) -> dic
                 and int(e.get("column", m.column)) == m.column):
             return e
     return None
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) positions, as (line, column), of every annotation in a module that has
+    ``from __future__ import annotations``: they are never evaluated, so a mutant there cannot
+    change behaviour and is not run. Empty for a module without that import."""
+    tree = ast.parse(source)
+    future = any(isinstance(node, ast.ImportFrom) and node.module == "__future__"
+                 and any(alias.name == "annotations" for alias in node.names)
+                 for node in tree.body)
+    if not future:
+        return []
+    spans = []
+    for node in ast.walk(tree):
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            annotations.append(node.returns)
+        elif isinstance(node, ast.arg):
+            annotations.append(node.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        spans += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset))
+                  for a in annotations if a is not None]
+    return spans
+
+
+def in_annotation(m: "Mutant", spans) -> bool:
+    return any(start <= (m.line, m.column) < end for start, end in spans)
 
 
 def run_module(module: str, tests: list[str], settings: dict, args, equivalent: list[dict],
@@ -252,8 +282,11 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
             mutants[item.job_id] = Mutant(item.job_id, module, spec.start_pos[0], spec.start_pos[1],
                                           spec.operator_name, spec.occurrence)
         result.total = len(mutants)
+        spans = annotation_spans((ROOT / module).read_text())
+        result.in_annotations = sum(in_annotation(m, spans) for m in mutants.values())
         eligible = sorted((m for m in mutants.values()
-                           if not any(p.search(m.operator) for p in exclude)), key=Mutant.key)
+                           if not any(p.search(m.operator) for p in exclude)
+                           and not in_annotation(m, spans)), key=Mutant.key)
         if args.changed and args.changed_lines:
             touched = changed_lines(args.changed, module)
             eligible = [m for m in eligible if m.line in touched]
@@ -332,6 +365,8 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
 def report(r: ModuleResult, threshold: float) -> bool:
     ok = r.score >= threshold
     scope = f"{r.total}" if r.eligible == r.total else f"{r.eligible} selected of {r.total}"
+    if r.in_annotations:
+        scope += f"; {r.in_annotations} in annotations left out"
     print(f"\n== {r.module}: {len(r.mutants)} of {scope} mutants tested "
           f"(baseline {r.baseline_s:.1f} s, {r.elapsed_s:.0f} s in all)")
     print(f"   killed {r.count('killed')}  timeouts {r.count('timeout')}  survived {r.count('survived')}  "
