@@ -79,7 +79,8 @@ class ServerSettings:
     mtu: int = 1200
     max_pending_messages: int = 4096
     """Messages queued for one peer on one channel behind a full window; past it a frame is
-    not queued (counted as send_queue_full) and the peer is repaired with a catch-up block."""
+    not queued (counted as send_queue_full) and the peer is repaired with a catch-up block; a
+    control message cannot be repaired, so the peer is disconnected (reason closed)."""
     reassembly_limit: int = 1024 * 1024
     """Bytes one peer may hold in partly received fragmented messages (the rest is dropped,
     counted as reassembly_full)."""

@@ -409,7 +409,7 @@ class RelayServer:
     def _refuse(self, peer_id: int, code: str, text: str) -> None:
         self.metrics.joins.labels(outcome="refused").inc()
         self.metrics.refusals.labels(reason=code).inc()
-        self.endpoint.send(peer_id, CONTROL, protocol.refused(code, text))
+        self._send_control(peer_id, protocol.refused(code, text))
         # One line per connection; a connection that keeps sending JOINs is summarized.
         seen = self.notified.setdefault(peer_id, set())
         if "join_refused" in seen:
@@ -435,7 +435,12 @@ class RelayServer:
         seen = self.notified.setdefault(peer_id, set())
         if code not in seen:
             seen.add(code)
-            self.endpoint.send(peer_id, CONTROL, protocol.notice(code, text))
+            self._send_control(peer_id, protocol.notice(code, text))
+
+    def _send_control(self, peer_id: int, data: bytes) -> None:
+        """A CONTROL message of the server's own (REFUSED, NOTICE)."""
+        if not self.endpoint.send(peer_id, CONTROL, data) and self.endpoint.is_connected(peer_id):
+            self._send_queue_full(self._room_of(peer_id), peer_id, CONTROL)
 
     def _room_of(self, peer_id: int) -> Optional[Room]:
         room_id = self.peer_room.get(peer_id)
@@ -525,14 +530,20 @@ class RelayServer:
             self.peer_room.pop(action.peer_id, None)
             self.endpoint.disconnect(action.peer_id, action.reason)
 
-    def _send_queue_full(self, room: Room, peer_id: int, channel: int) -> None:
-        """The peer's queue is at server.max_pending_messages: the message is dropped (a frame
-        is repaired later with a block)."""
+    def _send_queue_full(self, room: Optional[Room], peer_id: int, channel: int) -> None:
+        """The peer's queue is at server.max_pending_messages: the message is dropped. A frame
+        is repaired later with a block. A CONTROL message cannot be: the client would go on
+        without it (a WELCOME lost: a member never told so, sent frames for a room it does not
+        know; a REFUSED lost: a JOIN never answered), so the connection is closed instead, and
+        the client reconnects (a player gets its slot back)."""
         self.metrics.drops.labels(reason="send_queue_full").inc()
-        self.limit_log("limit_reached", "send_queue_full", room=room.room_id,
-                       peer=peer_id, limit=self.config.server.max_pending_messages)
+        self.limit_log("limit_reached", "send_queue_full",
+                       room=room.room_id if room is not None else None, peer=peer_id,
+                       limit=self.config.server.max_pending_messages)
         if channel == STREAM:
             room.on_send_failed(peer_id, "stream")
+        else:
+            self.endpoint.disconnect(peer_id, "closed")
 
     def _report(self, room: Room, event) -> None:
         detail = event.detail
