@@ -5,6 +5,8 @@ window's memory bound, history blocks cut to fit the block limit, and what a del
 tells the room."""
 from __future__ import annotations
 
+import pytest
+
 from relay import protocol
 from relay.config import load_config
 from relay.protocol import Checksum, Input
@@ -190,3 +192,52 @@ def test_inputs_sent_ahead_by_a_player_who_leaves_are_dropped_from_later_frames(
     assert frames[2].inputs[0] == b"a2"                   # the open frame keeps it
     assert frames[3].inputs[0] is None and frames[4].inputs[0] is None
     assert room.on_input(bob.peer_id, Input(5, b"b", 4)) == "accepted"
+
+
+def test_only_a_timeout_makes_a_timed_out_event_every_other_reason_a_left_one():
+    from relay_core.wire import REASONS
+
+    for reason in [*REASONS.values(), "left"]:
+        harness, (alice, bob) = running()
+        harness.room.detach(alice.peer_id, fresh(reason), 1.0)
+        harness.pump()
+        [event] = [e for e in harness.take_events() if e.kind in ("left", "timed_out")]
+        assert event.kind == ("timed_out" if reason == "timeout" else "left"), reason
+
+
+def test_spectators_past_max_spectators_are_refused_at_any_count():
+    from relay.room import JoinRefused
+
+    harness, (alice, bob) = running(max_spectators=300)
+    for n in range(300):
+        harness.room.join(100 + n, f"watcher{n}", True, 1.0)
+    with pytest.raises(JoinRefused) as refusal:
+        harness.room.join(999, "one-too-many", True, 1.0)
+    assert refusal.value.code == "spectators_full"
+
+
+def test_a_response_time_of_exactly_two_frames_is_advised_two_frames():
+    # 32 Hz: a frame is 31.25 ms, and 62.5 ms is exact in binary, so no rounding blurs it.
+    from relay.config import RoomSettings
+    from relay.room import Room
+
+    settings = RoomSettings(input_delay_margin=0.0)
+    harness = Harness(Room("arena", settings, 32, 0.0, start_policy="players", start_players=2,
+                           capacity=4))
+    alice, bob = harness.join("alice"), harness.join("bob")
+    for number in range(60):
+        closed_at = number / 32
+        harness.room.tick(closed_at)
+        harness.pump()
+        harness.room.on_input(alice.peer_id, Input(number + 6, b"i", number), closed_at + 0.0625)
+        harness.pump()
+    assert [m[1] for m in alice.of_type(protocol.INPUT_DELAY)][-1] == 2
+
+
+def test_a_history_longer_than_one_block_goes_in_blocks_of_16384_frames():
+    harness, (alice, bob) = running()
+    for _ in range(16384 + 20):
+        harness.room.tick(0.0)
+    harness.room.take_actions()
+    late = harness.join("late")
+    assert [(first, len(frames)) for first, frames in late.blocks] == [(0, 16384), (16384, 20)]
