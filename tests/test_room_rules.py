@@ -241,3 +241,18 @@ def test_a_history_longer_than_one_block_goes_in_blocks_of_16384_frames():
     harness.room.take_actions()
     late = harness.join("late")
     assert [(first, len(frames)) for first, frames in late.blocks] == [(0, 16384), (16384, 20)]
+
+
+def test_the_desync_wait_starts_with_the_first_disagreeing_checksum():
+    harness, (a, b, c, d) = running(("a", "b", "c", "d"))
+    room = harness.room
+    harness.tick(10)
+    room.on_checksum(a.peer_id, Checksum(5, 1))
+    room.on_checksum(b.peer_id, Checksum(5, 1))          # agreeing so far: nothing to wait for
+    harness.tick(20)
+    room.on_checksum(c.peer_id, Checksum(5, 2))          # the disagreement; d never answers
+    harness.take_events()
+    harness.tick(29)
+    assert harness.take_events("desync") == []
+    harness.tick(1)
+    assert [e.detail["frame"] for e in harness.take_events("desync")] == [5]
