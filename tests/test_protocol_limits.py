@@ -409,3 +409,42 @@ def test_well_formed_relay_messages_decode_as_sent(message):
 ], ids=lambda m: str(m))
 def test_a_relay_message_missing_an_element_or_of_the_wrong_type_is_malformed(message):
     assert refused(decode_relay_message, pack(*message)).code == "malformed"
+
+
+@pytest.mark.parametrize("message", [
+    [protocol.REFUSED, "room_full", "text", "later"], [protocol.NOTICE, "c", "t", 1, 2],
+    [protocol.ROOM_STATE, "ended", 5, "finished", {"more": 1}],
+    [protocol.DESYNC, 7, {}, [], "undecided", [], "later"],
+    [protocol.INPUT_DELAY, 3, 80, 0, 100, "later"],
+], ids=lambda m: str(m[0]))
+def test_elements_past_the_ones_a_relay_message_defines_are_ignored(message):
+    # Section 4.2: later versions may append elements; a client ignores them.
+    assert decode_relay_message(pack(*message)) == message
+
+
+# -- edges found by mutation testing ---------------------------------------------------------
+
+def test_a_varint_cut_short_far_into_a_frame_is_malformed():
+    # Cut right before the event count and the event's slot, both past offset 256 (where
+    # small-integer identity no longer holds): the varint reader must see the end itself.
+    data = encode_frame(Frame(1, [bytes(290)], [["join", 0, "p"]]))
+    event = bytes([EVENT_KINDS.index("join"), 0, 1]) + b"p"
+    assert data.endswith(b"\x01" + event) and len(data) > 300
+    for cut in (len(data) - len(event) - 1, len(data) - len(event) + 1, len(data) - 1):
+        assert refused(decode_frame, data[:cut]).code == "malformed"
+
+
+@pytest.mark.parametrize("slot", [2, 3, 9, -1])
+def test_a_synthesized_slot_outside_the_frame_is_a_value_error_when_encoding(slot):
+    with pytest.raises(ValueError, match="synthesized slot"):
+        encode_frame(Frame(4, [b"a", b"b"], [], [slot]))
+
+
+def test_the_frame_decoder_refuses_a_frame_it_already_decoded():
+    frames = [encode_frame(Frame(n, [b"x%d" % n])) for n in range(3)]
+    decoder = protocol.FrameDecoder()
+    decoder.decode(frames[0])
+    decoder.decode(frames[1])
+    for stale in (frames[0], frames[1]):
+        assert refused(decoder.decode, stale).code == "out_of_order"
+    assert decoder.decode(frames[2]).number == 2
