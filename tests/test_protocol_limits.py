@@ -448,3 +448,9 @@ def test_the_frame_decoder_refuses_a_frame_it_already_decoded():
     for stale in (frames[0], frames[1]):
         assert refused(decoder.decode, stale).code == "out_of_order"
     assert decoder.decode(frames[2]).number == 2
+
+
+def test_frame_0_is_a_frame_number_like_any_other():
+    assert decode_client_message(pack(INPUT, 0, b"x", -1)) == Input(0, b"x", -1)
+    assert decode_client_message(pack(CHECKSUM, 0, 5)) == Checksum(0, 5)
+    assert refused(decode_client_message, pack(INPUT, -1, b"x", -1)).code == "bad_frame"

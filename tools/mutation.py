@@ -364,11 +364,12 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
 
 def report(r: ModuleResult, threshold: float) -> bool:
     ok = r.score >= threshold
-    scope = f"{r.total}" if r.eligible == r.total else f"{r.eligible} selected of {r.total}"
+    scope = [] if r.eligible == r.total else [f"{r.eligible} eligible"]
     if r.in_annotations:
-        scope += f"; {r.in_annotations} in annotations left out"
-    print(f"\n== {r.module}: {len(r.mutants)} of {scope} mutants tested "
-          f"(baseline {r.baseline_s:.1f} s, {r.elapsed_s:.0f} s in all)")
+        scope.append(f"{r.in_annotations} in annotations left out")
+    print(f"\n== {r.module}: {len(r.mutants)} of {r.total} mutants tested"
+          + (f" ({'; '.join(scope)})" if scope else "")
+          + f" (baseline {r.baseline_s:.1f} s, {r.elapsed_s:.0f} s in all)")
     print(f"   killed {r.count('killed')}  timeouts {r.count('timeout')}  survived {r.count('survived')}  "
           f"equivalent {r.count('equivalent')}  incompetent {r.count('incompetent')}  "
           f"errors {r.count('error') + r.count('no-test')}")
