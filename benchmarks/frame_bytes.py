@@ -2,7 +2,7 @@
 """Bytes on the wire per player per second, downstream, for a room of 8 players.
 
 The real relay room (``relay.room.Room``) and the relay's own endpoint configuration
-(``relay.server.endpoint_config``) drive 8 client endpoints (``relay.client.client_config``)
+(``relay.lobby.endpoint_config``) drive 8 client endpoints (``relay.client.client_config``)
 through ``relay_core.simlink.LossyLink`` in simulated time, on a 1 ms grid: 30 Hz ticks, 4-byte
 inputs, each client sends its input for frame N + delay when it has decoded frame N, as the SDK
 does. Every datagram the relay sends to a player is counted with 28 bytes of IPv4 + UDP header
@@ -60,7 +60,7 @@ from relay.client import client_config  # noqa: E402
 from relay.config import load_config  # noqa: E402
 from relay.protocol import CONTROL, STREAM, FrameDecoder, Input, Join  # noqa: E402
 from relay.room import Room  # noqa: E402
-from relay.server import endpoint_config  # noqa: E402
+from relay.lobby import endpoint_config  # noqa: E402
 from relay_core import (  # noqa: E402
     Endpoint, MessageReceived, PeerConnected, decode_packet,
 )

@@ -12,7 +12,7 @@ Per tick, as the server does it under load:
 
     receive   Endpoint.receive_batch of every player's datagrams
     events    the core's events to the rooms (INPUTs through relay._fastpath)
-    tick      every room closes its frame and hands it to the core (RelayServer._tick)
+    tick      every room closes its frame and hands it to the core (RelayServer.tick)
     flush     Endpoint.datagrams_to_send: one datagram per player
 
     python benchmarks/tick_cost.py --players 768 --ticks 300 --repeat 3
@@ -130,10 +130,10 @@ class Harness:
         t0 = clock()
         endpoint.receive_batch(batch, arrival)
         t1 = clock()
-        server._process_events(arrival)
+        server.on_datagrams(arrival)
         t2 = clock()
         self.now += self.interval
-        server._tick(self.now)
+        server.tick(self.now)
         t3 = clock()
         out = endpoint.datagrams_to_send(self.now)
         t4 = clock()

@@ -38,6 +38,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from relay.errors import RelayError
+from relay.lobby import ROOM_OPTION_TYPES
 from relay.protocol import MAX_NAME_LENGTH
 
 log = logging.getLogger("relay.http")
@@ -45,11 +46,6 @@ log = logging.getLogger("relay.http")
 MAX_BODY_SIZE = 64 * 1024
 MAX_REASON_LENGTH = 256
 
-ROOM_OPTIONS: dict[str, type] = {
-    "capacity": int, "start_policy": str, "start_players": int, "tick_rate": int,
-}
-"""Options ``POST /rooms`` accepts besides ``room``, with their JSON types; the server checks
-their values."""
 
 PUBLIC_ROUTES = frozenset({"health", "ready", "metrics"})
 """Route names that stay open when admin authentication exists (probes and scrapes)."""
@@ -245,11 +241,11 @@ async def list_rooms(request: web.Request) -> web.Response:
 
 async def create_room(request: web.Request) -> web.Response:
     body = await _json_body(request)
-    _check_keys(body, {"room", *ROOM_OPTIONS})
+    _check_keys(body, {"room", *ROOM_OPTION_TYPES})
     if "room" not in body:
         raise BadRequest("room is required", code="bad_field")
     room_id = _name(body.pop("room"), "room")
-    options = {key: _typed(key, value, ROOM_OPTIONS[key]) for key, value in body.items()}
+    options = {key: _typed(key, value, ROOM_OPTION_TYPES[key]) for key, value in body.items()}
     return web.json_response(_server(request).create_room(room_id, **options), status=201)
 
 

@@ -227,6 +227,13 @@ class Metrics:
     def set_draining(self, draining: bool) -> None:
         self.draining.set(1 if draining else 0)
 
+    def add_counts(self, counts: Mapping[tuple[str, Any], int]) -> None:
+        """Add counts kept as plain integers: ``(attribute, label value or None) -> n``
+        (``("joins", "refused")``, ``("frames_closed", None)``)."""
+        for (attribute, label), count in counts.items():
+            metric = getattr(self, attribute)
+            (metric if label is None else metric.labels(label)).inc(count)
+
     # -- mirroring cumulative totals ---------------------------------------------------------
 
     def add_counter_delta(self, counter: Any, new_total: float, key: Hashable,

@@ -43,9 +43,9 @@ class Churn:
         batch = [(data, p.address) for p in players
                  for data, _ in p.endpoint.datagrams_to_send(arrival)]
         self.endpoint.receive_batch(batch, arrival)
-        self.server._process_events(arrival)
+        self.server.on_datagrams(arrival)
         self.now += TICK
-        self.server._tick(self.now)
+        self.server.tick(self.now)
         by_address = {p.address: p for p in players}
         for data, address in self.endpoint.datagrams_to_send(self.now):
             if address in by_address:
@@ -86,5 +86,6 @@ def test_room_and_connection_churn_leaves_nothing_behind(tmp_path):
     # connections and 32 rooms is far above this.
     assert growth < 16 * 1024, f"{growth} bytes more after 16 more cycles"
     server = churn.server
-    assert not server.peer_room and not server.peer_claims and not server.notified
-    assert not server.replays
+    lobby = server.lobby
+    assert not lobby.peer_room and not lobby.peer_claims and not lobby.notified
+    assert not server.recorder.writers

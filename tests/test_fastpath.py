@@ -14,7 +14,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from relay import protocol, server as server_module
+from relay import lobby as lobby_module, protocol
 from relay.config import RelayConfig
 from relay.protocol import CONTROL, STREAM, Input, ProtocolError
 from relay.room import Room
@@ -141,14 +141,15 @@ def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
     """A server whose room r has had traffic(): through the general Python path, through
     InputRouter.route over the event queue (compiled), or (through_sink) as the core hands
     messages over: INPUTs to InputRouter.take while nothing is queued, the rest queued."""
-    monkeypatch.setattr(server_module, "_fastpath", fastpath if compiled else None)
+    monkeypatch.setattr(lobby_module, "_fastpath", fastpath if compiled else None)
     config = RelayConfig()
     config.rooms = dataclasses.replace(config.rooms, capacity=4, start_players=3)
     server = RelayServer(config)
-    room = server._create_room("r", {}, 0.0)
+    lobby = server.lobby
+    room = lobby.create_room("r", {}, 0.0)
     for peer in (1, 2, 3):
         room.join(peer, f"p{peer}", False, 0.0)
-        server.peer_room[peer] = "r"
+        lobby.peer_room[peer] = "r"
     room.take_actions()
     room.take_events()
     for _ in range(3):
@@ -159,13 +160,13 @@ def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
     server.taken = 0
     for event in traffic():
         if (through_sink and not queued and isinstance(event, MessageReceived)
-                and event.channel == server.inputs.channel
-                and server.inputs.take(event.peer_id, event.payload, 0.05)):
+                and event.channel == lobby.inputs.channel
+                and lobby.inputs.take(event.peer_id, event.payload, 0.05)):
             server.taken += 1
             continue
         queued.append(event)
-    server.endpoint = QueueEndpoint(queued)
-    server._process_events(0.05)
+    server.endpoint = lobby.endpoint = QueueEndpoint(queued)
+    server.on_datagrams(0.05)
     return server, room
 
 
@@ -175,7 +176,7 @@ def test_inputs_reach_the_room_and_the_metrics_as_through_the_general_path(monke
     slow_server, slow_room = run_server(monkeypatch, compiled=False)
     if through_sink:        # 18 on time, a duplicate, 3 refusals; then a non-canonical one queues
         assert fast_server.taken == 22
-        assert not fast_server.inputs.refusals          # reported by the next route()
+        assert not fast_server.lobby.inputs.refusals          # reported by the next route()
     assert fast_room.pending_inputs == slow_room.pending_inputs
     assert fast_room.pending_inputs[3] == {0: b"1:3", 1: b"2:3", 2: b"3:3"}
     assert fast_room.pending_inputs[9] == {0: b"on time", 1: b"hi"}   # "hi" took the slow path

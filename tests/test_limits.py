@@ -19,7 +19,8 @@ from relay.client import RelayClient, RelayError, client_config
 from relay.config import ConfigError, load_config
 from relay.protocol import STREAM, STREAM_WINDOW
 from relay.replay import ReplayReader, enforce_disk_cap
-from relay.server import RelayServer, endpoint_config
+from relay.lobby import endpoint_config
+from relay.server import RelayServer
 from relay_core import MessageReceived
 from relay_core.simlink import LinkedPair
 
@@ -262,28 +263,27 @@ def test_the_relay_keeps_its_replays_within_max_disk_bytes(tmp_path):
 
     async def scenario():
         server = RelayServer(config)
-        server.loop = asyncio.get_running_loop()
-        rooms = [server._create_room(name, {}, 0.0) for name in ("a", "b", "c")]
-        server._open_replay(rooms[0])
-        server._open_replay(rooms[1])
+        recorder = server.recorder
+        recorder.open("a", [])
+        recorder.open("b", [])
         assert stale.exists()              # 700 bytes: within the budget so far
-        for writer in server.replays.values():
+        for writer in recorder.writers.values():
             for number in range(40):
                 writer.append_frame(number, os.urandom(24))    # incompressible
             writer.flush()
-        assert sum(w.bytes_written for w in server.replays.values()) > 1024
-        server._open_replay(rooms[2])
+        assert sum(w.bytes_written for w in recorder.writers.values()) > 1024
+        recorder.open("c", [])
         assert not stale.exists()          # deleted first, yet the live recordings fill the budget
-        assert "c" not in server.replays
-        server._check_replay_disk()
-        assert list(server.replays) == ["a"]
+        assert "c" not in recorder.writers
+        recorder.check_disk()
+        assert list(recorder.writers) == ["a"]
         files = sorted(path.name for path in directory.glob("*.replay"))
         assert len(files) == 1 and files[0].startswith("a-")
         disk = server.metrics.replay_disk
         assert disk.labels("deleted")._value.get() == 2          # stale, then b's
         assert disk.labels("stopped")._value.get() == 1
         assert disk.labels("not_recorded")._value.get() == 1
-        server._close_replay("a", "ended")
+        recorder.close("a", "ended")
         assert ReaderFrames(directory / files[0]) > 0
     asyncio.run(scenario())
 

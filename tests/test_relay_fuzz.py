@@ -106,7 +106,7 @@ def test_1_an_exception_out_of_the_server_fails_the_run(monkeypatch, capsys):
     def broken_tick(self, now):
         raise KeyError("planted")
 
-    monkeypatch.setattr(RelayServer, "_tick", broken_tick)
+    monkeypatch.setattr(RelayServer, "tick", broken_tick)
     assert fuzz_relay.main(["--runs", "1", "--mode", "open"]) == 1
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["exceptions"] == 1 and "KeyError: 'planted'" in summary["violation_samples"][0]
@@ -363,5 +363,5 @@ def test_a_control_message_the_queue_cannot_take_closes_the_connection_instead_o
     for _ in range(20):
         harness.advance(0.005)
     assert not harness.server.endpoint.is_connected(victim), "a member missing CONTROL messages"
-    assert victim not in harness.server.peer_room and victim not in room.members
+    assert victim not in harness.server.lobby.peer_room and victim not in room.members
     assert harness.violations.total == 0, harness.violations.samples

@@ -1,4 +1,4 @@
-"""The server hands every refused history or catch-up block, and every frame the core refuses as
+"""The lobby hands every refused history or catch-up block, and every frame the core refuses as
 too large, back to its room, and a refused part of a history cut into several blocks does not
 make the room lose count of the parts still in flight.
 
@@ -6,9 +6,9 @@ The core refuses a block in two ways: ``send_block`` returns False (its queue is
 ValueError (the block exceeds max_block_size). Both must reach ``Room.on_send_failed`` or the
 member stays marked as catching up and never gets another block.
 
-These tests drive ``RelayServer._drain`` (private: it is the one place the server carries out a
-room's actions, and no public entry point reaches it without a live socket and a match large
-enough to pass the core's block limit) with a stand-in endpoint.
+These tests drive ``Lobby._settle`` (private: it is the one place the lobby carries out a room's
+actions, and no public entry point reaches it without a match large enough to pass the core's
+block limit) with a stand-in endpoint.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from relay.room import Room
 
 
 class StandInEndpoint:
-    """What RelayServer._drain uses of the core's Endpoint. ``refuse(data)`` decides each block:
+    """What Lobby._settle uses of the core's Endpoint. ``refuse(data)`` decides each block:
     None to take it, False to refuse it as a full queue does, or an exception to raise."""
 
     def __init__(self, refuse=lambda data: None):
@@ -59,18 +59,18 @@ def too_large(data: bytes) -> ValueError:
     return ValueError(f"block of {len(data)} bytes exceeds max_block_size (1024)")
 
 
-def make_server():
-    from relay.server import RelayServer
+def make_lobby():
+    from relay.lobby import Lobby
 
     config = RelayConfig()
     config = dataclasses.replace(config, security=dataclasses.replace(config.security,
                                                                       handshake_rate=0))
-    return RelayServer(config)
+    return Lobby(config)
 
 
-def running_room(server, frames: int) -> Room:
-    room = Room("arena", server.settings, 30, 0.0, start_policy="players", start_players=1)
-    server.rooms["arena"] = room
+def running_room(lobby, frames: int) -> Room:
+    room = Room("arena", lobby.settings, 30, 0.0, start_policy="players", start_players=1)
+    lobby.rooms["arena"] = room
     room.join(1, "ann", False, 0.0)
     for number in range(frames):
         room.tick(number / 30)
@@ -87,12 +87,12 @@ def blocks_for(actions, peer_id: int) -> list[int]:
 def test_a_history_block_too_large_for_the_core_is_repaired_at_the_next_tick():
     # Before: the ValueError path logged and counted, but never told the room, so the late
     # joiner stayed "catching up" and no repair block was ever queued.
-    server = make_server()
-    room = running_room(server, 5)
+    lobby = make_lobby()
+    room = running_room(lobby, 5)
     room.join(2, "late", False, 1.0)
-    server.endpoint = StandInEndpoint(refuse=too_large)
-    server._drain(room)                     # WELCOME goes, the history block raises ValueError
-    assert server.endpoint.offered == 1 and server.endpoint.taken == []
+    lobby.endpoint = StandInEndpoint(refuse=too_large)
+    lobby._settle(room)                     # WELCOME goes, the history block raises ValueError
+    assert lobby.endpoint.offered == 1 and lobby.endpoint.taken == []
     late = room.members[2]
     assert not late.catching_up and late.missing_from == 0
     room.tick(1.0)
@@ -101,8 +101,8 @@ def test_a_history_block_too_large_for_the_core_is_repaired_at_the_next_tick():
 
 
 def test_a_catch_up_block_too_large_for_the_core_is_offered_again():
-    server = make_server()
-    room = running_room(server, 5)
+    lobby = make_lobby()
+    room = running_room(lobby, 5)
     room.join(2, "late", False, 1.0)
     attempts = []
 
@@ -110,26 +110,26 @@ def test_a_catch_up_block_too_large_for_the_core_is_offered_again():
         attempts.append(protocol.decode_history(data)[0])
         return too_large(data) if len(attempts) <= 2 else None
 
-    server.endpoint = StandInEndpoint(refuse=refuse_twice)
-    server._drain(room)
+    lobby.endpoint = StandInEndpoint(refuse=refuse_twice)
+    lobby._settle(room)
     for _ in range(3):
         room.tick(1.0)
-        server._drain(room)
+        lobby._settle(room)
     # Refused, repaired and refused again, then taken: one offer per tick, never stuck.
     assert attempts == [0, 0, 0]
-    assert server.endpoint.taken == [(2, 0)]
+    assert lobby.endpoint.taken == [(2, 0)]
     assert room.members[2].catching_up and room.members[2].blocks_in_flight == 1
     room.on_block_delivered(2)
     assert not room.members[2].catching_up
 
 
 def test_a_refused_block_for_a_peer_that_is_gone_is_not_repaired():
-    server = make_server()
-    room = running_room(server, 5)
+    lobby = make_lobby()
+    room = running_room(lobby, 5)
     room.join(2, "late", False, 1.0)
-    server.endpoint = StandInEndpoint(refuse=too_large)
-    server.endpoint.is_connected = lambda peer_id: False
-    server._drain(room)
+    lobby.endpoint = StandInEndpoint(refuse=too_large)
+    lobby.endpoint.is_connected = lambda peer_id: False
+    lobby._settle(room)
     # Its disconnect event detaches it; nothing to repair meanwhile.
     assert room.members[2].missing_from is None
 
@@ -141,20 +141,20 @@ def test_later_parts_of_a_history_whose_first_part_was_refused_do_not_end_the_re
     # count to 0, so those two deliveries were taken off the repair's count, and the member was
     # marked caught up while the repair's last part was still in flight.
     monkeypatch.setattr(relay.room, "HISTORY_BLOCK_FRAMES", 4)
-    server = make_server()
-    room = running_room(server, 10)
+    lobby = make_lobby()
+    room = running_room(lobby, 10)
     room.join(2, "late", False, 1.0)
-    server.endpoint = StandInEndpoint(
-        refuse=lambda data: False if server.endpoint.offered == 1 else None)
-    server._drain(room)
-    assert server.endpoint.taken == [(2, 4), (2, 8)]
+    lobby.endpoint = StandInEndpoint(
+        refuse=lambda data: False if lobby.endpoint.offered == 1 else None)
+    lobby._settle(room)
+    assert lobby.endpoint.taken == [(2, 4), (2, 8)]
     late = room.members[2]
     assert late.blocks_in_flight == 2, "the two parts the core took are still in flight"
     assert not late.catching_up, "the repair is due at the next tick"
 
     room.tick(1.0)
-    server._drain(room)                     # the repair: frames 0..10 in three parts
-    assert server.endpoint.taken[2:] == [(2, 0), (2, 4), (2, 8)]
+    lobby._settle(room)                     # the repair: frames 0..10 in three parts
+    assert lobby.endpoint.taken[2:] == [(2, 0), (2, 4), (2, 8)]
     late = room.members[2]
     assert late.catching_up and late.blocks_in_flight == 5
     for delivered in range(4):              # the two old parts, then two of the repair's
@@ -168,18 +168,18 @@ def test_later_parts_of_a_history_whose_first_part_was_refused_do_not_end_the_re
 @pytest.mark.parametrize("refused", [1, 2])
 def test_a_refused_later_part_keeps_the_parts_before_it_counted(monkeypatch, refused):
     monkeypatch.setattr(relay.room, "HISTORY_BLOCK_FRAMES", 4)
-    server = make_server()
-    room = running_room(server, 10)
+    lobby = make_lobby()
+    room = running_room(lobby, 10)
     room.join(2, "late", False, 1.0)
-    server.endpoint = StandInEndpoint(
-        refuse=lambda data: False if server.endpoint.offered == refused + 1 else None)
-    server._drain(room)
-    assert len(server.endpoint.taken) == 2
+    lobby.endpoint = StandInEndpoint(
+        refuse=lambda data: False if lobby.endpoint.offered == refused + 1 else None)
+    lobby._settle(room)
+    assert len(lobby.endpoint.taken) == 2
     late = room.members[2]
     assert late.blocks_in_flight == 2 and late.missing_from == 0 and not late.catching_up
     room.tick(1.0)
-    server._drain(room)
-    assert [first for _, first in server.endpoint.taken[2:]] == [0, 4, 8]
+    lobby._settle(room)
+    assert [first for _, first in lobby.endpoint.taken[2:]] == [0, 4, 8]
     for _ in range(4):
         room.on_block_delivered(2)
         assert room.members[2].catching_up
@@ -188,12 +188,12 @@ def test_a_refused_later_part_keeps_the_parts_before_it_counted(monkeypatch, ref
 
 
 def test_server_hands_a_block_refused_by_a_full_queue_back_to_the_room_for_repair():
-    server = make_server()
-    room = running_room(server, 5)
+    lobby = make_lobby()
+    room = running_room(lobby, 5)
     room.join(2, "late", False, 1.0)
-    server.endpoint = StandInEndpoint(refuse=lambda data: False)
-    server._drain(room)                               # WELCOME goes, the history block is refused
-    assert server.endpoint.offered == 1 and server.endpoint.taken == []
+    lobby.endpoint = StandInEndpoint(refuse=lambda data: False)
+    lobby._settle(room)                               # WELCOME goes, the history block is refused
+    assert lobby.endpoint.offered == 1 and lobby.endpoint.taken == []
     room.tick(1.0)
     repairs = [a for a in room.take_actions() if a.kind == "block" and a.peer_id == 2]
     assert len(repairs) == 1 and protocol.decode_history(repairs[0].data)[0] == 0
@@ -224,17 +224,17 @@ class RefusingFrames(StandInEndpoint):
 def test_a_frame_too_large_for_one_message_reaches_every_player_in_a_catch_up_block(broadcast):
     # Before: the ValueError was counted and logged, and the frame was simply lost for the
     # whole room (clients wait for it forever).
-    server = make_server()
-    room = running_room(server, 5)
+    lobby = make_lobby()
+    room = running_room(lobby, 5)
     room.join(2, "bob", False, 1.0)
     room.broadcast_frames = broadcast
-    server.endpoint = StandInEndpoint()
-    server._drain(room)
+    lobby.endpoint = StandInEndpoint()
+    lobby._settle(room)
     room.on_block_delivered(2)                          # bob's history arrived
     data = room.tick(1.0)                               # frame 5: the core refuses it
-    server.endpoint = RefusingFrames({data})
-    server._drain(room)
+    lobby.endpoint = RefusingFrames({data})
+    lobby._settle(room)
     assert {peer: room.members[peer].missing_from for peer in (1, 2)} == {1: 5, 2: 5}
     room.tick(1.1)                                      # frame 6 goes; 5 is repaired
-    server._drain(room)
-    assert sorted(server.endpoint.taken) == [(1, 5), (2, 5)]
+    lobby._settle(room)
+    assert sorted(lobby.endpoint.taken) == [(1, 5), (2, 5)]

@@ -1,10 +1,10 @@
 """Fuzzing the relay's own network entry point in memory: what connected clients send, through
-RelayServer, the InputRouter and the compiled RoomCore.
+RelayServer, its Lobby, the InputRouter and the compiled RoomCore.
 
 tests/fuzz/fuzz_endpoint.py stops at relay_core. Here a real ``RelayServer`` (never started: no
 socket, no event loop, replays off) is driven the way its event loop drives it -- datagrams into
-its endpoint then ``_process_events``, ``_tick`` at the tick rate, ``_close_roomless`` and
-``_sync_stats`` once a second -- by up to MAX_CLIENTS relay_core client Endpoints exchanging
+its endpoint then ``on_datagrams``, ``tick`` at the tick rate and ``every_second`` once a
+second -- by up to MAX_CLIENTS relay_core client Endpoints exchanging
 datagrams with it in memory. Each step is a seeded random choice of:
 
 - an application message from a client, on CONTROL or STREAM (sometimes the wrong one): JOIN to
@@ -27,8 +27,9 @@ and draw their tick rate and room policies from the seed. A run ends with a sett
 restored, no more messages, time until every member holds every frame released to it and every
 message is resolved (at most SETTLE_SECONDS).
 
-The server's endpoint is watched through a forwarding tap (EndpointTap), and its ``_report``,
-``_on_message``, ``_refuse_input`` and ``_drop`` are wrapped: to observe, never to change what
+The server's endpoint is watched through a forwarding tap (EndpointTap), and the server's
+``_observe_event`` and its lobby's ``_on_message``, ``_refuse_input``, ``_drop`` and ``_remove``
+are wrapped: to observe, never to change what
 they do. Invariants, checked as the run goes:
 
 1. nothing raises out of the server;
@@ -479,7 +480,7 @@ class RelayFuzz:
         self.server = server = RelayServer(self.config)
         server.log = Quiet()
         server.limit_log = LimitLog(Quiet())
-        server.endpoint = EndpointTap(server.endpoint, self._queued)
+        server.endpoint = server.lobby.endpoint = EndpointTap(server.endpoint, self._queued)
         server.loop = SimulatedLoop(lambda: self.now)
         self.unix_offset = server.endpoint.unix_offset
         self.now = 1.0
@@ -499,9 +500,10 @@ class RelayFuzz:
 
     def _observe(self) -> None:
         server = self.server
-        outcomes = server._input_outcomes
-        report, on_message = server._report, server._on_message
-        refuse_input, drop = server._refuse_input, server._drop
+        lobby = server.lobby
+        outcomes = lobby.input_outcomes
+        report, on_message = server._observe_event, lobby._on_message
+        refuse_input, drop, remove = lobby._refuse_input, lobby._drop, lobby._remove
 
         def observed_report(room, event):
             if event.kind == "frame":
@@ -527,6 +529,12 @@ class RelayFuzz:
                     self.general_outcomes[outcome] += 1
             self._resolved(inner)
 
+        def observed_remove(room):
+            # The history of a removed room is closed before the server sees its last events.
+            if id(room) in self.records:
+                self.records[id(room)].sync()
+            remove(room)
+
         def observed_refuse_input(peer_id, reason):
             self._note(peer_id, "refused:" + reason)
             refuse_input(peer_id, reason)
@@ -535,10 +543,11 @@ class RelayFuzz:
             self._note(peer_id, "dropped:" + reason)
             drop(peer_id, reason, detail, notice_code)
 
-        server._report = observed_report
-        server._on_message = observed_on_message
-        server._refuse_input = observed_refuse_input
-        server._drop = observed_drop
+        server._observe_event = observed_report
+        lobby._on_message = observed_on_message
+        lobby._refuse_input = observed_refuse_input
+        lobby._drop = observed_drop
+        lobby._remove = observed_remove
 
     def _note(self, peer_id: int, resolution: str) -> None:
         if self.in_message is not None:
@@ -634,14 +643,14 @@ class RelayFuzz:
         """One datagram in, then the events, as the server's read path does; every STREAM
         message resolved meanwhile is this client's (invariant 6)."""
         server = self.server
-        outcomes = server._input_outcomes
+        outcomes = server.lobby.input_outcomes
         before = dict(outcomes)
         membership = self.current.get(conn.address)
         peer_before = self.server_peer(conn)        # the datagram may end with it closed
         self.group, self.general_outcomes = [], collections.Counter()
         try:
             server.endpoint.receive(data, conn.address, self.now)
-            server._process_events(self.now)
+            server.on_datagrams(self.now)
         finally:
             group, self.group = self.group, None
         self.stats["datagrams_to_server"] += 1
@@ -724,9 +733,9 @@ class RelayFuzz:
         """What the server's driver does on a flush: events, datagrams out, events again; the
         datagrams reach their clients (unless the link is down)."""
         server = self.server
-        server._process_events(self.now)
+        server.on_datagrams(self.now)
         out = server.endpoint.datagrams_to_send(self.now)
-        server._process_events(self.now)
+        server.on_datagrams(self.now)
         touched = {}
         for data, address in out:
             self.stats["datagrams_to_clients"] += 1
@@ -791,13 +800,12 @@ class RelayFuzz:
             behind = self.now - self.next_tick
             if behind > MAX_CATCH_UP_TICKS * self.tick:     # a stall: re-anchored, not caught up
                 self.next_tick += int(behind / self.tick) * self.tick
-            self.server._tick(self.now)
+            self.server.tick(self.now)
             self.stats["ticks"] += 1
             self.next_tick += self.tick
             self.flush_server()
         if self.now >= self.next_second:        # the server's stats loop
-            self.server._close_roomless(self.now)
-            self.server._sync_stats()
+            self.server.every_second(self.now)
             self.next_second = self.now + 1.0
             self.flush_server()
 

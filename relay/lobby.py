@@ -1,0 +1,497 @@
+"""The lobby: every room of one relay and who is in which, driven without sockets or clocks.
+
+The lobby owns the protocol core's ``Endpoint`` (itself sans-I/O) and the rooms. The server
+hands it the time and calls it when the core has events (``handle_events``), when a tick is due
+(``tick``) and for the admin API (``create_room``, ``start_room``, ``end_room``, ``kick``,
+``begin_drain``, ``end_all``). The lobby turns core events into room calls (joins, inputs,
+checksums, leaves), carries out what rooms ask for through the Endpoint (messages, blocks,
+disconnects) and never calls the server back. What happened comes out two ways:
+
+- ``take_reports()``: ``(room or None, RoomEvent)`` pairs for the server to log, mirror to
+  Agones and record in replays -- the rooms' own events, and the lobby's (``peer_connected``,
+  ``join_refused``, ``send_refused``, ``drained``... see ``LOBBY_EVENTS``);
+- ``counts``: plain integers keyed by ``(metric, label)`` (``("joins", "refused")``), and
+  ``input_outcomes`` for the compiled input router, which the server moves into Prometheus once
+  per tick instead of one metric call per input.
+
+So tests drive joins, play and the tick's room loop with a ``LinkedPair`` and a fake clock.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Optional
+
+from relay import _fastpath, protocol
+from relay.config import RelayConfig, RoomSettings
+from relay.errors import Conflict, NotFound, RelayError, Unavailable
+from relay.protocol import CONTROL, STREAM, Checksum, Input, Join, ProtocolError
+from relay.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room, RoomEvent
+from relay_core import (
+    BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
+    PeerDisconnected, PeerMigrated,
+)
+from relay_core.token import TokenClaims
+
+ROOM_OPTION_TYPES: dict[str, type] = {
+    "capacity": int, "start_policy": str, "start_players": int, "tick_rate": int,
+}
+"""Options a room may be created with (``POST /rooms``), with their JSON types; ``tick_rate``
+is accepted only when it equals the server's."""
+
+START_POLICIES = ("players", "ready", "admin")
+
+LOBBY_EVENTS = (
+    "peer_connected", "peer_disconnected", "peer_migrated", "join_refused", "message_dropped",
+    "send_refused", "send_queue_full", "room_created", "connections_closed", "drained",
+)
+"""Kinds of the lobby's own reports (rooms report the rest: joined, started, frame, ...)."""
+
+Report = tuple[Optional[Room], RoomEvent]
+
+
+def endpoint_config(config: RelayConfig) -> EndpointConfig:
+    """The protocol core's settings for a relay with this configuration."""
+    rooms = config.rooms
+    server = config.server
+    security = config.security
+    # max_pending is a local send-queue bound: the two ends need not agree on it.
+    channels = tuple(dataclasses.replace(channel, max_pending=server.max_pending_messages)
+                     for channel in protocol.endpoint_channels())
+    return EndpointConfig(
+        accept_connections=True,
+        channels=channels,
+        mtu=server.mtu,
+        max_peers=server.max_peers,
+        peer_timeout=rooms.player_timeout,
+        heartbeat_interval=min(0.5, rooms.player_timeout / 4),
+        # Acks ride on the next tick's frame instead of going out alone.
+        ack_delay=1.0 / server.tick_rate,
+        # Copies of unacked frames, when the redundancy policy sends them, may fill the datagram.
+        redundancy_budget=server.mtu,
+        # Per-player memory: small packet buffers (32 packets in flight is the ack window
+        # anyway), and a unit ring that grows at most to a window of small frames.
+        sent_packet_buffer=64,
+        received_packet_window=64,
+        sent_unit_capacity=512,
+        max_block_size=protocol.MAX_BLOCK_SIZE,
+        reassembly_limit=server.reassembly_limit,
+        block_memory_limit=server.block_memory_limit,
+        # Token mode: every connection needs a connect token (docs/SECURITY.md).
+        token_keys=security.load_keys() if config.security_mode == "token" else None,
+        encrypt_packets=security.encrypt_packets,
+        handshake_rate=security.handshake_rate or None,
+        handshake_burst=security.handshake_burst,
+    )
+
+
+def room_options(settings: RoomSettings, tick_rate: int, options: dict) -> dict:
+    """``Room`` keyword arguments for a room created with ``options`` (JOIN-created rooms pass
+    none): the configured defaults, each given value checked. RelayError(bad_option) names the
+    first bad one."""
+    if options.get("tick_rate", tick_rate) != tick_rate:
+        raise RelayError(f"tick_rate={options['tick_rate']!r}: the tick rate is server-wide "
+                         f"({tick_rate} Hz, server.tick_rate)", "bad_option")
+    unknown = set(options) - set(ROOM_OPTION_TYPES)
+    if unknown:
+        allowed = ", ".join(sorted(set(ROOM_OPTION_TYPES) - {"tick_rate"}))
+        raise RelayError(f"unknown room option {sorted(unknown)[0]!r}; allowed: {allowed}",
+                         "bad_option")
+    capacity = options.get("capacity", settings.capacity)
+    policy = options.get("start_policy", settings.start_policy)
+    start_players = options.get("start_players", min(settings.start_players, capacity)
+                                if isinstance(capacity, int) else None)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or not 1 <= capacity <= 256:
+        raise RelayError(f"capacity={capacity!r}: an integer in 1..256", "bad_option")
+    if policy not in START_POLICIES:
+        raise RelayError(f"start_policy={policy!r}: players, ready or admin", "bad_option")
+    if (not isinstance(start_players, int) or isinstance(start_players, bool)
+            or not 1 <= start_players <= capacity):
+        raise RelayError(f"start_players={start_players!r}: an integer in 1..{capacity}", "bad_option")
+    return {"capacity": capacity, "start_policy": policy, "start_players": start_players}
+
+
+class Lobby:
+    def __init__(self, config: RelayConfig, endpoint: Optional[Endpoint] = None):
+        self.config = config
+        self.settings: RoomSettings = config.rooms
+        self.tick_rate = config.server.tick_rate
+        self.endpoint = endpoint if endpoint is not None else Endpoint(endpoint_config(config))
+        self.rooms: dict[str, Room] = {}
+        self.peer_room: dict[int, str] = {}
+        self.peer_claims: dict[int, TokenClaims] = {}
+        """Token mode: who each connection's token says it is (room, player)."""
+        self.notified: dict[int, set[str]] = {}
+        """Per connection, the kinds of mistake it was told about (each is told once)."""
+        self.draining = False
+        self.counts: Counter = Counter()
+        """(metric, label or None) -> how many since the server last published them."""
+        self.input_outcomes: dict[str, int] = {}
+        """accepted/late/duplicate -> inputs, written by the compiled input router too."""
+        self._roomless: dict[int, float] = {}
+        """Connections in no room -> when they were first seen so (see close_roomless)."""
+        self._reports: list[Report] = []
+        # INPUTs go from the core straight into their rooms (the STREAM channel's message sink).
+        self.inputs = _fastpath.InputRouter(self.peer_room, self.rooms) if _fastpath else None
+        if self.inputs is not None:
+            self.inputs.outcomes = self.input_outcomes
+            self.endpoint.set_message_sink(self.inputs)
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def take_reports(self) -> list[Report]:
+        reports, self._reports = self._reports, []
+        return reports
+
+    def _report(self, room: Optional[Room], kind: str, /, **detail) -> None:
+        self._reports.append((room, RoomEvent(kind, detail)))
+
+    def room_of(self, peer_id: int) -> Optional[Room]:
+        room_id = self.peer_room.get(peer_id)
+        return self.rooms.get(room_id) if room_id is not None else None
+
+    def get_room(self, room_id: str) -> Room:
+        room = self.rooms.get(room_id)
+        if room is None:
+            raise NotFound(f"room {room_id} does not exist", "room_not_found")
+        return room
+
+    # -- core events ------------------------------------------------------------------------
+
+    def handle_events(self, now: float) -> None:
+        """Everything the core has for the relay: inputs into their rooms, then the rest."""
+        if self.inputs is not None:
+            # INPUTs straight to their rooms in compiled code; every other event below.
+            self.inputs.route(self.endpoint, self._on_event, self._refuse_input, now)
+            return
+        endpoint = self.endpoint
+        while (event := endpoint.next_event()) is not None:
+            self._on_event(event, now)
+
+    def _on_event(self, event, now: float) -> None:
+        kind = type(event)
+        if kind is MessageReceived:
+            self._on_message(event.peer_id, event.channel, event.payload, now)
+        elif kind is PeerConnected:
+            if event.claims is not None:
+                self.peer_claims[event.peer_id] = event.claims
+            self._report(None, "peer_connected", peer=event.peer_id, address=str(event.address),
+                         player=event.claims.player if event.claims else None)
+        elif kind is PeerDisconnected:
+            self._on_disconnect(event.peer_id, event.reason, now)
+        elif kind is PeerMigrated:
+            # The core validated the new path and already sends there; the room is keyed
+            # by peer id, so nothing else moves.
+            self.counts["migrations", None] += 1
+            room = self.room_of(event.peer_id)
+            self._report(room, "peer_migrated", peer=event.peer_id,
+                         old_address=str(event.old_address), new_address=str(event.new_address))
+        elif kind is BlockDelivered:
+            room = self.room_of(event.peer_id)
+            if room is not None:
+                room.on_block_delivered(event.peer_id)
+            self.counts["blocks", "delivered"] += 1
+        elif kind is BlockReceived:
+            self._drop(event.peer_id, "unexpected_block", "clients do not send blocks")
+
+    def _on_disconnect(self, peer_id: int, reason: str, now: float) -> None:
+        self.notified.pop(peer_id, None)
+        self.peer_claims.pop(peer_id, None)
+        room = self.room_of(peer_id)
+        self.peer_room.pop(peer_id, None)
+        if room is not None:
+            # A dead link (idle timeout or resend limit) is a timeout; anything else a leave.
+            room.detach(peer_id, "timeout" if reason in ("timeout", "resend_limit") else reason, now)
+            self._settle(room)
+        self._report(room, "peer_disconnected", peer=peer_id, reason=reason)
+
+    def _on_message(self, peer_id: int, channel: int, payload: bytes, now: float) -> None:
+        try:
+            message = protocol.decode_client_message(payload)
+        except ProtocolError as error:
+            self._drop(peer_id, "malformed_message", str(error), notice_code=error.code)
+            return
+        room = self.room_of(peer_id)
+        if isinstance(message, Input):
+            if channel != STREAM:
+                self._drop(peer_id, "wrong_channel", "inputs go on channel 1", notice_code="wrong_channel")
+                return
+            if room is None:
+                self._refuse_input(peer_id, "not_a_player")
+                return
+            outcome = room.on_input(peer_id, message, now)
+            if outcome.startswith("refused:"):
+                self._refuse_input(peer_id, outcome[8:])
+            else:
+                self.input_outcomes[outcome] = self.input_outcomes.get(outcome, 0) + 1
+            return
+        if channel != CONTROL:
+            self._drop(peer_id, "wrong_channel", "control messages go on channel 0")
+            return
+        if isinstance(message, Join):
+            self._on_join(peer_id, message, now)
+        elif room is None:
+            self._notice(peer_id, "not_joined", "join a room first")
+        elif isinstance(message, Checksum):
+            room.on_checksum(peer_id, message)
+        elif message == protocol.READY:
+            room.set_ready(peer_id, now)
+        elif message == protocol.LEAVE:
+            room.detach(peer_id, "leave", now)
+            self.peer_room.pop(peer_id, None)
+        if room is not None:
+            self._settle(room)
+
+    def _on_join(self, peer_id: int, join: Join, now: float) -> None:
+        if peer_id in self.peer_room:
+            self._refuse(peer_id, "already_joined", f"this connection is already in room "
+                                                    f"{self.peer_room[peer_id]}")
+            return
+        claims = self.peer_claims.get(peer_id)
+        if claims is not None:
+            # The token, not the JOIN, says who this is and where it may go.
+            if join.room != claims.room:
+                self._refuse(peer_id, "wrong_room", f"the connect token is for room {claims.room}, "
+                                                    f"not {join.room}")
+                return
+            if join.player != claims.player:
+                self._refuse(peer_id, "wrong_player", f"the connect token is for player "
+                                                      f"{claims.player}, not {join.player}")
+                return
+        room = self.rooms.get(join.room)
+        if self.draining and not (room is not None and room.state == RUNNING
+                                  and room.has_player(join.player)):
+            # Draining: matches in progress may finish (and their players reconnect), nothing new.
+            self._refuse(peer_id, "draining", "the relay is draining; try another relay")
+            return
+        if room is None:
+            if not self.settings.auto_create:
+                self._refuse(peer_id, "unknown_room", f"room {join.room} does not exist")
+                return
+            try:
+                room = self.create_room(join.room, {}, now)
+            except RelayError as error:
+                self._refuse(peer_id, error.code, str(error))
+                return
+        try:
+            member = room.join(peer_id, join.player, join.spectator, now)
+        except JoinRefused as refusal:
+            self._refuse(peer_id, refusal.code, str(refusal))
+            return
+        self.peer_room[peer_id] = room.room_id
+        self.counts["joins", "spectator" if member.spectator else "joined"] += 1
+        self._settle(room)
+
+    def _refuse(self, peer_id: int, code: str, text: str) -> None:
+        self.counts["joins", "refused"] += 1
+        self.counts["refusals", code] += 1
+        self._send_control(peer_id, protocol.refused(code, text))
+        # One line per connection; a connection that keeps sending JOINs is summarized.
+        seen = self.notified.setdefault(peer_id, set())
+        repeated = "join_refused" in seen
+        seen.add("join_refused")
+        self._report(None, "join_refused", peer=peer_id, reason=code, detail=text, repeated=repeated)
+
+    def _refuse_input(self, peer_id: int, reason: str) -> None:
+        self.counts["inputs", "refused"] += 1
+        self.counts["inputs_refused", reason] += 1
+        if reason in ("too_large", "not_a_player"):
+            self._notice(peer_id, f"input_{reason}", f"input refused: {reason}")
+
+    def _drop(self, peer_id: int, reason: str, detail: str, notice_code: Optional[str] = None) -> None:
+        self.counts["drops", reason] += 1
+        self._report(None, "message_dropped", peer=peer_id, reason=reason, detail=detail)
+        if notice_code is not None:
+            self._notice(peer_id, notice_code, detail)
+
+    def _notice(self, peer_id: int, code: str, text: str) -> None:
+        """Tell a client once per kind of mistake (a flood of bad messages gets one answer)."""
+        seen = self.notified.setdefault(peer_id, set())
+        if code not in seen:
+            seen.add(code)
+            self._send_control(peer_id, protocol.notice(code, text))
+
+    def _send_control(self, peer_id: int, data: bytes) -> None:
+        """A CONTROL message of the lobby's own (REFUSED, NOTICE)."""
+        if not self.endpoint.send(peer_id, CONTROL, data) and self.endpoint.is_connected(peer_id):
+            self._send_queue_full(self.room_of(peer_id), peer_id, CONTROL)
+
+    # -- rooms ------------------------------------------------------------------------------
+
+    def create_room(self, room_id: str, options: dict, now: float) -> Room:
+        """A new waiting room; RelayError (draining, room_exists, too_many_rooms, bad_option)."""
+        if self.draining:
+            raise Unavailable("the relay is draining and creates no rooms")
+        if room_id in self.rooms:
+            raise Conflict(f"room {room_id} exists", "room_exists")
+        if len(self.rooms) >= self.settings.max_rooms:
+            raise Unavailable(f"the relay already has {self.settings.max_rooms} rooms", "too_many_rooms")
+        room = Room(room_id, self.settings, self.tick_rate, now,
+                    **room_options(self.settings, self.tick_rate, options))
+        room.broadcast_frames = True        # one Endpoint.send_many per frame
+        self.rooms[room_id] = room
+        self._report(room, "room_created", capacity=room.capacity, start_policy=room.start_policy,
+                     start_players=room.start_players)
+        return room
+
+    def start_room(self, room_id: str, now: float) -> Room:
+        room = self.get_room(room_id)
+        if room.state != WAITING:
+            raise Conflict(f"room {room_id} is {room.state}, not waiting", "not_waiting")
+        room.start(now)
+        self._settle(room)
+        return room
+
+    def end_room(self, room_id: str, reason: str) -> Room:
+        room = self.get_room(room_id)
+        self._end(room, reason)
+        return room
+
+    def kick(self, room_id: str, player: str, now: float) -> Room:
+        room = self.get_room(room_id)
+        if room.kick(player, now) is None and not room.has_player(player):
+            raise NotFound(f"player {player} is not in room {room_id}", "player_not_found")
+        self._settle(room)
+        return room
+
+    def begin_drain(self) -> None:
+        """No new rooms or players from now on; rooms with no match to finish end at once."""
+        if self.draining:
+            return
+        self.draining = True
+        for room in list(self.rooms.values()):
+            if room.state == WAITING or not room.members:
+                self._end(room, "draining")
+        if not self.rooms:
+            self._report(None, "drained")
+
+    def end_all(self, reason: str) -> None:
+        for room in list(self.rooms.values()):
+            self._end(room, reason)
+
+    def _end(self, room: Room, reason: str) -> None:
+        room.end(reason)
+        self._settle(room)
+        self._remove(room)
+
+    def _remove(self, room: Room) -> None:
+        self.rooms.pop(room.room_id, None)
+        room.history.close()
+        for peer_id in list(room.members):
+            self.peer_room.pop(peer_id, None)
+        if self.draining and not self.rooms:
+            self._report(None, "drained")
+
+    def _settle(self, room: Room) -> None:
+        """Carry out what a room asked for; what happened in it goes out as reports."""
+        for action in room.take_actions():
+            self._execute(room, action)
+        for event in room.take_events():
+            self._reports.append((room, event))
+
+    def _execute(self, room: Room, action: Action) -> None:
+        try:
+            self._carry_out(room, action)
+        except ValueError as error:
+            # The core refuses a message or block beyond its size limits (a huge frame or
+            # history): this member misses it, the room goes on.
+            self.counts["drops", "too_large"] += 1
+            self._report(room, "send_refused", peer=action.peer_id, kind=action.kind,
+                         bytes=len(action.data), error=str(error))
+            if action.kind == "block":
+                if self.endpoint.is_connected(action.peer_id):
+                    # As for a block the core's queue refused: the member's catch-up is not left
+                    # open waiting for a delivery that never comes, and is repaired at a later tick.
+                    room.on_send_failed(action.peer_id, "block")
+            elif action.channel == STREAM:
+                # A frame too large for one message (inputs at the configured maximum plus
+                # many events): every member it was for gets it in a catch-up block (blocks
+                # go up to protocol.MAX_BLOCK_SIZE) at the next tick, so no frame is lost.
+                recipients = action.peer_ids if action.kind == "broadcast" else (action.peer_id,)
+                for peer_id in recipients:
+                    if self.endpoint.is_connected(peer_id):
+                        room.on_send_failed(peer_id, "stream")
+
+    def _carry_out(self, room: Room, action: Action) -> None:
+        if action.kind == "broadcast":
+            for peer_id in self.endpoint.send_many(action.peer_ids, action.channel, action.data):
+                self._send_queue_full(room, peer_id, action.channel)
+        elif action.kind == "send":
+            if not self.endpoint.send(action.peer_id, action.channel, action.data):
+                if self.endpoint.is_connected(action.peer_id):
+                    self._send_queue_full(room, action.peer_id, action.channel)
+        elif action.kind == "block":
+            if self.endpoint.send_block(action.peer_id, action.data):
+                self.counts["blocks", "started"] += 1
+            elif self.endpoint.is_connected(action.peer_id):
+                room.on_send_failed(action.peer_id, "block")
+        elif action.kind == "disconnect":
+            self.peer_room.pop(action.peer_id, None)
+            self.endpoint.disconnect(action.peer_id, action.reason)
+
+    def _send_queue_full(self, room: Optional[Room], peer_id: int, channel: int) -> None:
+        """The peer's queue is at server.max_pending_messages: the message is dropped. A frame
+        is repaired later with a block. A CONTROL message cannot be: the client would go on
+        without it (a WELCOME lost: a member never told so, sent frames for a room it does not
+        know; a REFUSED lost: a JOIN never answered), so the connection is closed instead, and
+        the client reconnects (a player gets its slot back)."""
+        self.counts["drops", "send_queue_full"] += 1
+        self._report(room, "send_queue_full", peer=peer_id,
+                     limit=self.config.server.max_pending_messages)
+        if channel == STREAM:
+            room.on_send_failed(peer_id, "stream")
+        else:
+            self.endpoint.disconnect(peer_id, "closed")
+
+    # -- the tick ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Close a frame in every running room; end rooms left empty (or, draining, with no
+        one to finish the match for) and forget ended ones."""
+        closed = broadcast = synthesized = 0
+        for room in list(self.rooms.values()):
+            synthesized_before = room.synthesized_inputs
+            if room.tick(now) is not None:
+                closed += 1
+                broadcast += len(room.members)
+                synthesized += room.synthesized_inputs - synthesized_before
+            if room.expired(now):
+                room.end("empty")
+            elif self.draining and not room.members:
+                room.end("draining")      # nobody left to finish the match for
+            self._settle(room)
+            if room.state == ENDED:
+                self._remove(room)
+        if closed:
+            self.counts["frames_closed", None] += closed
+            self.counts["frames_broadcast", None] += broadcast
+            if synthesized:
+                self.counts["synthesized_inputs", None] += synthesized
+
+    def close_roomless(self, now: float, timeout: float) -> None:
+        """Close connections that have been in no room for ``timeout`` seconds (call about once
+        a second): anyone who can finish a handshake could otherwise hold every peer slot."""
+        since, self._roomless = self._roomless, {}
+        closed = 0
+        for peer_id in self.endpoint.peer_ids:
+            if peer_id in self.peer_room:
+                continue
+            first_seen = since.get(peer_id, now)
+            if now - first_seen < timeout:
+                self._roomless[peer_id] = first_seen
+            elif self.endpoint.disconnect(peer_id, "timeout"):
+                closed += 1
+        if closed:
+            self.counts["refusals", "join_timeout"] += closed
+            self._report(None, "connections_closed", reason="join_timeout", count=closed)
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def room_counts(self) -> dict[str, int]:
+        counts = {WAITING: 0, RUNNING: 0, ENDED: 0}
+        for room in self.rooms.values():
+            counts[room.state] += 1
+        return counts
+
+    def players_connected(self) -> int:
+        return sum(room.players_connected for room in self.rooms.values())
