@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Optional
 
 from relay import protocol
+from relay.errors import RelayError
 from relay.protocol import (
     CONTROL, STREAM, Checksum, Frame, FrameDecoder, Input, Join, ProtocolError, Welcome,
 )
@@ -38,12 +39,9 @@ from relay_core import (
 from relay_core.token import ConnectToken
 
 
-class RelayError(Exception):
+def _relay_error(code: str, message: str) -> RelayError:
     """The relay refused us or the connection ended; ``code`` says why."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
+    return RelayError(f"{code}: {message}", code)
 
 
 HANDSHAKE_REFUSALS = {
@@ -62,9 +60,9 @@ def _disconnect_error(reason: str) -> RelayError:
     """The RelayError for a PeerDisconnected reason: a handshake refusal gets its own code."""
     if reason.startswith("refused:"):
         code = reason[len("refused:"):]
-        return RelayError(code, "the relay refused the connection: "
+        return _relay_error(code, "the relay refused the connection: "
                           + HANDSHAKE_REFUSALS.get(code, code))
-    return RelayError("disconnected", reason)
+    return _relay_error("disconnected", reason)
 
 
 @dataclass
@@ -187,7 +185,7 @@ class RelayClient:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except asyncio.TimeoutError:
             self._hang_up()
-            raise RelayError("timeout", f"no welcome from {self.server_address} within {timeout} s") from None
+            raise _relay_error("timeout", f"no welcome from {self.server_address} within {timeout} s") from None
         if self._error is not None:
             self._hang_up()
             raise self._error
@@ -305,7 +303,7 @@ class RelayClient:
                     frame = self._decoder.decode(data)
                 except ProtocolError as error:
                     # Frames refer to their predecessor: nothing after this one can be decoded.
-                    self._error = RelayError("bad_frame", str(error))
+                    self._error = _relay_error("bad_frame", str(error))
                     return None
                 self.next_frame += 1
                 return frame
@@ -375,7 +373,7 @@ class RelayClient:
             self._state_changed.set()
         elif message[0] == protocol.REFUSED:
             if self.welcome is None:
-                self._error = RelayError(message[1], message[2])
+                self._error = _relay_error(message[1], message[2])
                 self._ready.set()
             else:
                 self.notices.append(message[1:])    # e.g. a second JOIN on this connection

@@ -16,12 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from relay.errors import ConfigError  # an invalid setting: names the key, the value, what is allowed
 
 ENV_PREFIX = "RELAY_"
-
-
-class ConfigError(ValueError):
-    """An invalid setting; the message names the key, the value and what is allowed."""
 
 
 def _check_host(key: str, value: str) -> None:

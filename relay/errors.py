@@ -1,8 +1,18 @@
-"""Errors the relay reports to admin API callers and the CLI, with an HTTP status each."""
+"""The relay's errors, in one place.
+
+``RelayError`` is what the relay refuses, to an admin API caller (with an HTTP status) or to a
+client SDK user (a refused join, a lost connection: ``relay.client`` raises it); ``code`` is a
+stable machine-readable name, the message says why for a person. ``ConfigError`` is an invalid
+setting, from the protocol core's settings or the relay's; ``ProtocolError``
+(``relay.protocol``) a malformed message.
+"""
+from relay_core.config import ConfigError
+
+__all__ = ["ConfigError", "Conflict", "NotFound", "RelayError", "Unavailable"]
 
 
 class RelayError(Exception):
-    """Base: a request the relay refuses; ``code`` is a stable machine-readable name."""
+    """Base: what the relay refuses; ``code`` is a stable machine-readable name."""
 
     status = 400
     code = "bad_request"

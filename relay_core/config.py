@@ -18,7 +18,8 @@ _MAX_KEY_ID = 0xFFFFFFFF
 
 
 class ConfigError(ValueError):
-    """A configuration value is out of range; the message names the field and what is allowed."""
+    """An invalid setting, of the core or the relay (relay.errors re-exports it): the message
+    names the field or key, the value and what is allowed."""
 
 
 @dataclass(frozen=True)
