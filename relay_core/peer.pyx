@@ -35,7 +35,6 @@ from relay_core.wire cimport (
 
 from relay_core.channel import make_send_channel, make_receive_channel
 from relay_core.events import BlockDelivered, BlockReceived, MessageReceived, PeerConnected
-from relay_core.wire import REASONS
 
 STATE_NAMES = ("connecting", "challenged", "connected", "disconnecting", "closed")
 TRIGGER_NAMES = ("challenge", "accept", "admit", "disconnect", "disconnect_sent", "close")
