@@ -79,6 +79,8 @@ cdef inline bytes as_datagram(object data):
 
 
 cdef class Endpoint:
+    # Fields and C-level methods are declared in endpoint.pxd.
+
     def __init__(self, config=None, unix_offset=None):
         if config is not None and not isinstance(config, EndpointConfig):
             raise TypeError(f"config must be a relay_core.EndpointConfig, got {type(config).__name__}")

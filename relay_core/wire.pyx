@@ -1,8 +1,10 @@
 """Wire format: packet prefix, DATA header, record codecs and handshake packets.
 
 Every layout here is specified byte by byte in docs/PROTOCOL.md; tests/vectors/*.json tie the
-two together. The cdef functions are the hot path used by peer.pyx; ``decode_packet`` and
-``encode_packet`` expose the same codecs to Python for test vectors and tooling.
+two together, and no other module knows a byte offset. The cdef functions are what peer.pyx
+and endpoint.pyx read and write datagrams with (one ``decode_*`` per control packet);
+``decode_packet`` and ``encode_packet`` expose the same codecs to Python for test vectors and
+tooling.
 """
 from libc.string cimport memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
