@@ -4,16 +4,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional
 
+from relay_core.token import KEY_SIZE
+# Datagram space is budgeted with the wire's own sizes: the DATA header, the largest record
+# headers, and the AEAD tag of an encrypted DATA packet (docs/PROTOCOL.md, "Packet protection").
+from relay_core.wire import (
+    DATA_HEADER_BYTES, FRAGMENT_OVERHEAD_BYTES, MAX_RECORD_LENGTH, MESSAGE_OVERHEAD_BYTES,
+    SLICE_OVERHEAD_BYTES, TAG_BYTES,
+)
+
 MODES = ("reliable_ordered", "redundant", "unreliable_sequenced", "unreliable")
 REDUNDANCY_POLICIES = ("adaptive", "always")
-
-# Bytes of a DATA packet that are not records, and the largest record header of a fragment.
-_DATA_HEADER = 20
-_FRAGMENT_OVERHEAD = 7
-_SLICE_OVERHEAD = 13
-# The AEAD tag appended to every encrypted DATA packet (docs/PROTOCOL.md, "Packet protection").
-TAG_SIZE = 16
-_KEY_SIZE = 32
 _MAX_KEY_ID = 0xFFFFFFFF
 
 
@@ -180,19 +180,19 @@ class EndpointConfig:
         if not 1 <= self.max_resends <= 10000:
             raise bad("max_resends", "1..10000")
         # Bounds on fragment and slice counts hold in encrypted sessions too, whose datagrams
-        # carry TAG_SIZE fewer bytes of records.
-        if not 1 <= self.max_message_size <= 255 * (self.fragment_size - TAG_SIZE):
-            raise bad("max_message_size", f"1..{255 * (self.fragment_size - TAG_SIZE)} "
+        # carry TAG_BYTES fewer bytes of records.
+        if not 1 <= self.max_message_size <= 255 * (self.fragment_size - TAG_BYTES):
+            raise bad("max_message_size", f"1..{255 * (self.fragment_size - TAG_BYTES)} "
                                           "(255 fragments at this mtu, less the AEAD tag)")
         if self.max_fragments_in_flight < 255:
             raise bad("max_fragments_in_flight", "at least 255 (one largest message)")
         if self.reassembly_limit < self.max_message_size:
             raise bad("reassembly_limit", f"at least max_message_size={self.max_message_size}")
-        if self.block_slice_size is not None and not 64 <= self.block_slice_size <= self.mtu - _DATA_HEADER - _SLICE_OVERHEAD:
-            raise bad("block_slice_size", f"64..{self.mtu - _DATA_HEADER - _SLICE_OVERHEAD} at this mtu")
+        if self.block_slice_size is not None and not 64 <= self.block_slice_size <= self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES:
+            raise bad("block_slice_size", f"64..{self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES} at this mtu")
         if not 1 <= self.block_window <= 512:
             raise bad("block_window", "1..512 slices")
-        largest_block = min(65535 * self.session_slice_size(TAG_SIZE), 2**32 - 1)
+        largest_block = min(65535 * self.session_slice_size(TAG_BYTES), 2**32 - 1)
         if not 1 <= self.max_block_size <= largest_block:
             raise bad("max_block_size", f"1..{largest_block} bytes (65535 slices)")
         if self.block_memory_limit < self.max_block_size:
@@ -226,8 +226,8 @@ class EndpointConfig:
             for key_id, key in self.token_keys.items():
                 if not isinstance(key_id, int) or isinstance(key_id, bool) or not 0 <= key_id <= _MAX_KEY_ID:
                     raise ConfigError(f"token_keys: key id {key_id!r} is not an integer 0..{_MAX_KEY_ID}")
-                if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_SIZE:
-                    raise ConfigError(f"token_keys[{key_id}]: must be {_KEY_SIZE} bytes "
+                if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_SIZE:
+                    raise ConfigError(f"token_keys[{key_id}]: must be {KEY_SIZE} bytes "
                                       f"(relay_core.token.generate_key())")
             if not self.accept_connections:
                 raise bad("token_keys", "only a server (accept_connections=True) opens tokens")
@@ -246,23 +246,23 @@ class EndpointConfig:
     @property
     def fragment_size(self) -> int:
         """Payload bytes per fragment: what is left of one datagram after the headers."""
-        return self.mtu - _DATA_HEADER - _FRAGMENT_OVERHEAD
+        return self.mtu - DATA_HEADER_BYTES - FRAGMENT_OVERHEAD_BYTES
 
     @property
     def slice_size(self) -> int:
         """Block slice size in use (block_slice_size, or its default for this mtu)."""
         if self.block_slice_size is not None:
             return self.block_slice_size
-        return min(1024, self.mtu - _DATA_HEADER - _SLICE_OVERHEAD)
+        return min(1024, self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES)
 
     def session_slice_size(self, reserve: int) -> int:
         """Slice size of a session whose datagrams keep ``reserve`` bytes for the AEAD tag."""
-        return min(self.slice_size, self.mtu - _DATA_HEADER - _SLICE_OVERHEAD - reserve)
+        return min(self.slice_size, self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES - reserve)
 
     @property
     def max_whole_message(self) -> int:
         """Largest payload sent as one MESSAGE record; unreliable messages may not exceed it."""
-        return min(self.mtu - _DATA_HEADER - 5, 16383)
+        return min(self.mtu - DATA_HEADER_BYTES - MESSAGE_OVERHEAD_BYTES, MAX_RECORD_LENGTH)
 
     def replace(self, **changes) -> "EndpointConfig":
         values = {f.name: getattr(self, f.name) for f in fields(self)}

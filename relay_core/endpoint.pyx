@@ -36,32 +36,28 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from relay_core.channel cimport SendChannel
 from relay_core.fragment cimport MemoryBudget
 from relay_core.peer cimport (
-    MessageSink, Peer, STATE_CONNECTING, STATE_CHALLENGED, STATE_CONNECTED, STATE_DISCONNECTING, STATE_CLOSED,
+    MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING, TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
+    TRIGGER_DISCONNECT,
 )
 from relay_core.wire cimport (
-    check_prefix, read_u16, read_u32, make_challenge, make_connect_response, make_accept, make_refuse,
-    make_nonce, read_token_block,
+    ConnectRequest, CookiePacket, AcceptPacket, RefusePacket, SessionPacket, check_prefix, read_session_id,
+    decode_connect_request, decode_challenge, decode_connect_response, decode_accept, decode_refuse,
+    decode_disconnect, decode_path_packet, make_challenge, make_connect_response, make_accept, make_refuse,
+    make_nonce,
     PT_CONNECT_REQUEST, PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE, PT_DATA,
-    PT_DISCONNECT, CONNECT_REQUEST_SIZE, CHALLENGE_SIZE, CONNECT_RESPONSE_SIZE, ACCEPT_SIZE,
-    REFUSE_SIZE, DISCONNECT_SIZE, DATA_HEADER_SIZE, COOKIE_MAC_SIZE, TAG_SIZE, TOKEN_BLOCK_HEADER,
-    TOKEN_FORMAT_NONE, ACCEPT_SECURE_SIZE, DISCONNECT_SECURE_SIZE, ACCEPT_FLAG_ENCRYPTED,
+    PT_DISCONNECT, DATA_HEADER_SIZE, COOKIE_MAC_SIZE, TAG_SIZE, TOKEN_FORMAT_NONE, ACCEPT_FLAG_ENCRYPTED,
     PT_PATH_CHALLENGE, PT_PATH_RESPONSE, PATH_SIZE, PATH_SECURE_SIZE, PATH_DATA_SIZE,
-    DROP_REASON_COUNT, DROP_TRUNCATED, DROP_BAD_LENGTH, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
+    DROP_REASON_COUNT, DROP_TRUNCATED, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
     DROP_BAD_COOKIE, DROP_EXPIRED_COOKIE, DROP_NOT_ACCEPTING, DROP_UNEXPECTED_PACKET,
-    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_AUTH_FAILED, DROP_RATE_LIMITED, DROP_BAD_TOKEN,
+    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_AUTH_FAILED, DROP_RATE_LIMITED, DROP_BAD_LENGTH,
     DROP_PATH_UNVALIDATED,
 )
 
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
+from relay_core.peer import STATE_NAMES
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
-
-
-cdef struct DueEntry:
-    double deadline
-    int peer_id
-    unsigned long long generation       # the peer's schedule_generation when it was pushed
 
 
 cdef inline bint due_before(DueEntry* a, DueEntry* b) noexcept:
@@ -83,61 +79,7 @@ cdef inline bytes as_datagram(object data):
 
 
 cdef class Endpoint:
-    cdef readonly object config
-    cdef dict peers_by_address
-    cdef dict peers
-    cdef dict sessions                  # session_id -> connected peer (address migration)
-    cdef list closing
-    # Peers are visited only when something may be due: the ones touched since their last flush
-    # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
-    # idle peers then pays nothing per call for them.
-    cdef list dirty                     # Peers, each once (its dirty flag says it is here)
-    # A binary min-heap of (deadline, peer_id, generation) in C: pushed on every visit, so a
-    # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
-    # whose generation is no longer the peer's are superseded and dropped when they surface.
-    cdef DueEntry* due_heap
-    cdef Py_ssize_t due_count
-    cdef Py_ssize_t due_capacity
-    cdef list control_out              # handshake replies waiting for datagrams_to_send
-    cdef object events
-    cdef MessageSink message_sink      # None, or every peer's sink (set_message_sink)
-    cdef uint64_t drop_counts[DROP_REASON_COUNT]
-    cdef dict refusal_counts
-    cdef int next_peer_id
-    cdef bytes cookie_key
-    cdef object rng
-    cdef uint8_t* scratch
-    cdef uint32_t cookie_lifetime_ms
-    cdef bint accept_connections
-    cdef int max_peers
-    cdef uint16_t ack_delay_ms          # announced in the handshake; the peer's RTO allows for it
-    cdef MemoryBudget block_budget      # block receive buffers of all peers together
-    cdef tuple size_limits              # per channel: (largest payload, what to suggest)
-    cdef tuple unreliable_channels      # per channel: True when its limit is one datagram
-
-    # token mode
-    cdef object token_keys              # None: open mode
-    cdef bint encrypt_packets
-    cdef readonly double unix_offset    # unix time = now + unix_offset
-    cdef dict used_tokens               # token_id -> expiry (unix): single use
-    cdef list used_token_expiry         # heap of (expiry, token_id), to forget them once expired
-
-    # per-source handshake rate limit (token bucket per source IP, least recently seen evicted)
-    cdef dict handshake_buckets         # source -> (tokens, at)
-    cdef double handshake_rate          # 0: unlimited
-    cdef double handshake_burst
-    cdef Py_ssize_t handshake_sources
-
-    # address migration (server): validating a connected peer's new address
-    cdef Py_ssize_t path_challenge_budget
-    cdef double path_retry_interval
-    cdef dict path_counts
-
-    # traffic of peers already closed, so that totals over all peers never go down
-    cdef uint64_t closed_resends
-    # Something may be due out now (see output_due); cleared by datagrams_to_send.
-    cdef bint output_pending
-    cdef uint64_t closed_redundant_bytes
+    # Fields and C-level methods are declared in endpoint.pxd.
 
     def __init__(self, config=None, unix_offset=None):
         if config is not None and not isinstance(config, EndpointConfig):
@@ -329,10 +271,10 @@ cdef class Endpoint:
                 self.drop_counts[DROP_TRUNCATED] += 1
                 return
             peer = self.peers_by_address.get(address)
-            if peer is None or peer.state != STATE_CONNECTED or read_u32(p + 4) != peer.session_id:
+            if peer is None or peer.state != STATE_CONNECTED or read_session_id(p) != peer.session_id:
                 if peer is None and self.accept_connections:
                     # Maybe a connected peer whose address changed (NAT rebinding, new network).
-                    migrating = self.sessions.get(read_u32(p + 4))
+                    migrating = self.sessions.get(read_session_id(p))
                     if migrating is not None and (<Peer>migrating).state == STATE_CONNECTED:
                         self._on_data_from_new_address(migrating, p, n, datagram, address, now)
                         self.output_pending = True
@@ -417,12 +359,6 @@ cdef class Endpoint:
             self._due_pop()                     # superseded, or the peer is gone
         return None
 
-    cdef inline void _touch(self, Peer peer):
-        """The peer may have something to send: the next flush visits it."""
-        if not peer.dirty:
-            peer.dirty = True
-            self.dirty.append(peer)
-
     cdef list _due_peers(self, double now):
         """Peers touched since their last flush, and peers whose scheduled deadline has come,
         each once, in that order. A list of Peers with a flag each, not a set of ids: no
@@ -441,16 +377,6 @@ cdef class Endpoint:
             peer.dirty = False
         # Closed peers (removed from self.peers, flushed through self.closing) drop out.
         return [peer for peer in peers if peer.state < STATE_DISCONNECTING]
-
-    cdef inline double _timer_deadline(self, Peer peer):
-        """When the peer's timers (timeout, RTO expiries, mode changes) may next be due. For a
-        connected peer its deadline when last scheduled will do: between flushes a timer can
-        only move later (a receive pushes the timeout back, an ack retires a message's RTO);
-        what makes one earlier is a send, and every flush reschedules. Every tick queues a
-        frame for every player, and recomputing next_deadline() then says "now" for all of them."""
-        if peer.state == STATE_CONNECTED:
-            return peer.scheduled_deadline
-        return peer.next_deadline()
 
     cdef void _schedule(self, Peer peer):
         cdef double deadline = peer.next_deadline()
@@ -575,6 +501,11 @@ cdef class Endpoint:
     def peer_address(self, int peer_id):
         return (<Peer>self.peers[peer_id]).address
 
+    def peer_state(self, int peer_id):
+        """A peer's connection state (docs/PROTOCOL.md, section 9): "connecting", "challenged"
+        or "connected". A closed peer has left the endpoint: KeyError, as for any unknown id."""
+        return STATE_NAMES[(<Peer>self.peers[peer_id]).state]
+
     def is_connected(self, int peer_id):
         cdef Peer peer = self.peers.get(peer_id)
         return peer is not None and peer.state == STATE_CONNECTED
@@ -650,30 +581,27 @@ cdef class Endpoint:
 
     cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, bytes datagram, object address,
                                   double now):
+        cdef ConnectRequest request
         cdef uint32_t connect_id, cookie_time
-        cdef Py_ssize_t token_length
-        cdef int token_format
+        cdef int status
         if not self.accept_connections:
             self.drop_counts[DROP_NOT_ACCEPTING] += 1
             return
         if self._over_handshake_rate(address, now):
             return
-        if n < CONNECT_REQUEST_SIZE:
-            self.drop_counts[DROP_BAD_LENGTH] += 1
+        status = decode_connect_request(p, n, &request)
+        if status < 0:
+            self.drop_counts[-status - 1] += 1
             return
-        token_format = read_token_block(p, n, 8, &token_length)
-        if token_format < 0:
-            self.drop_counts[-token_format - 1] += 1
-            return
-        connect_id = read_u32(p + 4)
+        connect_id = request.connect_id
         # A mode mismatch is answered at once (REFUSE is 9 bytes, smaller than any request).
-        if token_format == TOKEN_FORMAT_NONE and self.token_keys is not None:
+        if request.token_format == TOKEN_FORMAT_NONE and self.token_keys is not None:
             self._refuse(connect_id, "token_required", address)
             return
-        if token_format != TOKEN_FORMAT_NONE and self.token_keys is None:
+        if request.token_format != TOKEN_FORMAT_NONE and self.token_keys is None:
             self._refuse(connect_id, "token_unsupported", address)
             return
-        token = datagram[8 + TOKEN_BLOCK_HEADER:8 + TOKEN_BLOCK_HEADER + token_length]
+        token = datagram[request.token_offset:request.token_offset + request.token_length]
         cookie_time = time_ms32(now)
         self.control_out.append((make_challenge(connect_id, cookie_time,
                                                 self._cookie_mac(address, connect_id, cookie_time, token)),
@@ -681,9 +609,9 @@ cdef class Endpoint:
 
     cdef void _on_connect_response(self, const uint8_t* p, Py_ssize_t n, bytes datagram, object address,
                                    double now):
+        cdef CookiePacket response
         cdef uint32_t connect_id, cookie_time, session_id
-        cdef Py_ssize_t token_length = 0
-        cdef int token_format
+        cdef int status
         cdef double unix_now
         cdef Peer peer, existing
         if not self.accept_connections:
@@ -691,23 +619,14 @@ cdef class Endpoint:
             return
         if self._over_handshake_rate(address, now):
             return
-        if n < CONNECT_RESPONSE_SIZE:
-            self.drop_counts[DROP_BAD_LENGTH] += 1
+        status = decode_connect_response(p, n, &response)
+        if status < 0:
+            self.drop_counts[-status - 1] += 1
             return
-        token = b""
-        if n > CONNECT_RESPONSE_SIZE:
-            token_format = read_token_block(p, n, CONNECT_RESPONSE_SIZE, &token_length)
-            if token_format < 0:
-                self.drop_counts[-token_format - 1] += 1
-                return
-            if (token_format == TOKEN_FORMAT_NONE
-                    or n != CONNECT_RESPONSE_SIZE + TOKEN_BLOCK_HEADER + token_length + TAG_SIZE):
-                self.drop_counts[DROP_BAD_LENGTH] += 1
-                return
-            token = datagram[CONNECT_RESPONSE_SIZE + TOKEN_BLOCK_HEADER:n - TAG_SIZE]
-        connect_id = read_u32(p + 4)
-        cookie_time = read_u32(p + 8)
-        mac = (<const char*>p)[12:12 + COOKIE_MAC_SIZE]
+        token = datagram[response.token_offset:response.token_offset + response.token_length]
+        connect_id = response.connect_id
+        cookie_time = response.cookie_time
+        mac = (<char*>response.cookie_mac)[:COOKIE_MAC_SIZE]
         if not hmac.compare_digest(mac, self._cookie_mac(address, connect_id, cookie_time, token)):
             self.drop_counts[DROP_BAD_COOKIE] += 1
             return
@@ -739,7 +658,8 @@ cdef class Endpoint:
             # the token on the wire cannot spend it.
             try:
                 ChaCha20Poly1305(claims.client_key).decrypt(make_nonce(PT_CONNECT_RESPONSE, connect_id),
-                                                            datagram[n - TAG_SIZE:], datagram[:n - TAG_SIZE])
+                                                            datagram[response.tag_offset:],
+                                                            datagram[:response.tag_offset])
             except InvalidTag:
                 self.drop_counts[DROP_AUTH_FAILED] += 1
                 return
@@ -762,23 +682,20 @@ cdef class Endpoint:
         while session_id in self.sessions:          # the session id alone finds a migrating peer
             session_id = self._random_u32()
         if claims is None:
-            peer.accept_packet = make_accept(connect_id, session_id, self.ack_delay_ms, -1)
+            accept = make_accept(connect_id, session_id, self.ack_delay_ms, -1)
         else:
             self.used_tokens[claims.token_id] = claims.expires
             heapq.heappush(self.used_token_expiry, (claims.expires, claims.token_id))
-            peer.claims = claims
-            peer.token_private = token
             accept = make_accept(connect_id, session_id, self.ack_delay_ms,
                                  ACCEPT_FLAG_ENCRYPTED if encrypted else 0)
-            peer.accept_packet = accept + ChaCha20Poly1305(claims.server_key).encrypt(
-                make_nonce(PT_ACCEPT, connect_id), b"", accept)
+            accept += ChaCha20Poly1305(claims.server_key).encrypt(make_nonce(PT_ACCEPT, connect_id), b"", accept)
             if encrypted:
                 peer.protect(claims.server_key, claims.client_key)
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         self.sessions[session_id] = peer
-        peer.connected(session_id, now, read_u16(p + 28) / 1000.0)
-        self.control_out.append((peer.accept_packet, address))
+        peer.admit(session_id, accept, claims, token or None, now, response.ack_delay_ms / 1000.0)
+        self.control_out.append((accept, address))
 
     cdef void _forget_expired_tokens(self, double unix_now):
         # An expired token is refused as expired anyway; its id need not be remembered.
@@ -789,77 +706,87 @@ cdef class Endpoint:
                                object address, double now):
         """CHALLENGE, ACCEPT, REFUSE (to a connecting client) and DISCONNECT (either side)."""
         cdef Peer peer = self.peers_by_address.get(address)
-        cdef int code
-        if ptype == PT_ACCEPT:
-            ok = n == ACCEPT_SIZE or n == ACCEPT_SECURE_SIZE
-        elif ptype == PT_DISCONNECT:
-            ok = n == DISCONNECT_SIZE or n == DISCONNECT_SECURE_SIZE
+        cdef CookiePacket challenge
+        cdef AcceptPacket accept
+        cdef RefusePacket refuse
+        cdef SessionPacket disconnect
+        cdef int status
+        if ptype == PT_CHALLENGE:
+            status = decode_challenge(p, n, &challenge)
+        elif ptype == PT_ACCEPT:
+            status = decode_accept(p, n, &accept)
+        elif ptype == PT_REFUSE:
+            status = decode_refuse(p, n, &refuse)
         else:
-            ok = n == (CHALLENGE_SIZE if ptype == PT_CHALLENGE else REFUSE_SIZE)
-        if not ok:
-            self.drop_counts[DROP_BAD_LENGTH] += 1
+            status = decode_disconnect(p, n, &disconnect)
+        if status < 0:
+            self.drop_counts[-status - 1] += 1
             return
         if peer is None:
             self.drop_counts[DROP_UNKNOWN_PEER] += 1
             return
         if ptype == PT_DISCONNECT:
-            if peer.state != STATE_CONNECTED or read_u32(p + 4) != peer.session_id:
+            if peer.state != STATE_CONNECTED or disconnect.session_id != peer.session_id:
                 self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
-            code = peer.open_disconnect(datagram)
-            if code < 0:
-                self.drop_counts[-code - 1] += 1
+            status = peer.open_disconnect(&disconnect, datagram)
+            if status < 0:
+                self.drop_counts[-status - 1] += 1
                 return
-            self._close(peer, "remote:" + REASONS.get(code, str(code)), -1)
-            return
-        if read_u32(p + 4) != peer.connect_id:
-            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            self._close(peer, "remote:" + REASONS.get(status, str(status)), -1)
             return
         if ptype == PT_CHALLENGE:
-            if peer.state != STATE_CONNECTING:
-                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
-                return
-            token = peer.token
-            response = make_connect_response(peer.connect_id, read_u32(p + 8),
-                                             datagram[12:12 + COOKIE_MAC_SIZE], self.ack_delay_ms,
-                                             token.private if token is not None else None)
-            if token is not None:
-                response += ChaCha20Poly1305(token.client_key).encrypt(
-                    make_nonce(PT_CONNECT_RESPONSE, peer.connect_id), b"", response)
-            peer.cookie_packet = response
-            peer.state = STATE_CHALLENGED
-            peer.next_handshake_at = now
+            self._on_challenge(peer, &challenge, now)
         elif ptype == PT_ACCEPT:
-            if peer.state == STATE_CONNECTED:
-                self.drop_counts[DROP_DUPLICATE_PACKET] += 1    # a repeat of our ACCEPT
-                return
-            if peer.state != STATE_CHALLENGED or read_u32(p + 8) == 0:
-                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
-                return
-            token = peer.token
-            if token is None and n != ACCEPT_SIZE:
-                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
-                return
-            if token is not None:
-                # Only the holder of the token key could open our token and learn this key.
-                if n != ACCEPT_SECURE_SIZE:
-                    self.drop_counts[DROP_AUTH_FAILED] += 1
-                    return
-                try:
-                    ChaCha20Poly1305(token.server_key).decrypt(make_nonce(PT_ACCEPT, peer.connect_id),
-                                                               datagram[15:], datagram[:15])
-                except InvalidTag:
-                    self.drop_counts[DROP_AUTH_FAILED] += 1
-                    return
-                if p[14] & ACCEPT_FLAG_ENCRYPTED:
-                    peer.protect(token.client_key, token.server_key)
-            self.sessions[read_u32(p + 8)] = peer
-            peer.connected(read_u32(p + 8), now, read_u16(p + 12) / 1000.0)
+            self._on_accept(peer, &accept, datagram, now)
+        elif refuse.connect_id != peer.connect_id or peer.state == STATE_CONNECTED:
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
         else:
-            if peer.state == STATE_CONNECTED:
-                self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            self._close(peer, "refused:" + REASONS.get(refuse.reason, str(refuse.reason)), -1)
+
+    cdef void _on_challenge(self, Peer peer, const CookiePacket* challenge, double now):
+        if challenge.connect_id != peer.connect_id or not peer.allows(TRIGGER_CHALLENGE):
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            return
+        token = peer.token
+        response = make_connect_response(peer.connect_id, challenge.cookie_time,
+                                         (<char*>challenge.cookie_mac)[:COOKIE_MAC_SIZE], self.ack_delay_ms,
+                                         token.private if token is not None else None)
+        if token is not None:
+            response += ChaCha20Poly1305(token.client_key).encrypt(
+                make_nonce(PT_CONNECT_RESPONSE, peer.connect_id), b"", response)
+        peer.on_challenge(response, now)
+
+    cdef void _on_accept(self, Peer peer, const AcceptPacket* accept, bytes datagram, double now):
+        if accept.connect_id != peer.connect_id:
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            return
+        if peer.state == STATE_CONNECTED:
+            self.drop_counts[DROP_DUPLICATE_PACKET] += 1    # a repeat of our ACCEPT
+            return
+        if not peer.allows(TRIGGER_ACCEPT) or accept.session_id == 0:
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            return
+        token = peer.token
+        if token is None and accept.flags >= 0:
+            self.drop_counts[DROP_UNEXPECTED_PACKET] += 1
+            return
+        if token is not None:
+            # Only the holder of the token key could open our token and learn this key.
+            if accept.flags < 0:
+                self.drop_counts[DROP_AUTH_FAILED] += 1
                 return
-            self._close(peer, "refused:" + REASONS.get(p[8], str(p[8])), -1)
+            try:
+                ChaCha20Poly1305(token.server_key).decrypt(make_nonce(PT_ACCEPT, peer.connect_id),
+                                                           datagram[accept.tag_offset:],
+                                                           datagram[:accept.tag_offset])
+            except InvalidTag:
+                self.drop_counts[DROP_AUTH_FAILED] += 1
+                return
+            if accept.flags & ACCEPT_FLAG_ENCRYPTED:
+                peer.protect(token.client_key, token.server_key)
+        self.sessions[accept.session_id] = peer
+        peer.on_accept(accept.session_id, now, accept.ack_delay_ms / 1000.0)
 
     # -- address migration -----------------------------------------------------------------
 
@@ -888,10 +815,8 @@ cdef class Endpoint:
     cdef void _challenge_path(self, Peer peer, object address, Py_ssize_t trigger_size, double now):
         if peer.path_address != address:
             # A new candidate (the newest address wins): fresh data and a fresh budget.
-            peer.path_address = address
-            peer.path_data = bytes(self.rng.getrandbits(8) for _ in range(PATH_DATA_SIZE))
-            peer.path_budget = self.path_challenge_budget
-            peer.path_sent_at = -1e300
+            peer.watch_path(address, bytes(self.rng.getrandbits(8) for _ in range(PATH_DATA_SIZE)),
+                            self.path_challenge_budget)
         if now - peer.path_sent_at < self.path_retry_interval:
             return
         size = PATH_SECURE_SIZE if peer.seal_aead is not None else PATH_SIZE
@@ -901,8 +826,7 @@ cdef class Endpoint:
             self.path_counts["budget_spent"] += 1
             return
         packet = peer.path_packet(PT_PATH_CHALLENGE, peer.path_data)
-        peer.path_budget -= size
-        peer.path_sent_at = now
+        peer.path_challenge_sent(size, now)
         self.path_counts["challenges_sent"] += 1
         self.path_counts["challenge_bytes"] += size
         self.control_out.append((packet, address))
@@ -910,27 +834,29 @@ cdef class Endpoint:
     cdef void _on_path_packet(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
                               object address, double now):
         """PATH_CHALLENGE (at a client, from its server) and PATH_RESPONSE (at a server)."""
+        cdef SessionPacket packet
         cdef Peer peer
-        if n != PATH_SIZE and n != PATH_SECURE_SIZE:
-            self.drop_counts[DROP_BAD_LENGTH] += 1
+        cdef int status = decode_path_packet(p, n, &packet)
+        if status < 0:
+            self.drop_counts[-status - 1] += 1
             return
         if ptype == PT_PATH_CHALLENGE:
             peer = self.peers_by_address.get(address)
         else:
-            peer = self.sessions.get(read_u32(p + 4))
+            peer = self.sessions.get(packet.session_id)
         if peer is None or peer.state != STATE_CONNECTED:
             self.drop_counts[DROP_UNKNOWN_PEER] += 1
             return
-        if read_u32(p + 4) != peer.session_id:
+        if packet.session_id != peer.session_id:
             self.drop_counts[DROP_WRONG_SESSION] += 1
             return
         if (ptype == PT_PATH_CHALLENGE) == self.accept_connections:
             self.drop_counts[DROP_UNEXPECTED_PACKET] += 1     # servers challenge, clients answer
             return
         if peer.open_aead is None:
-            data = datagram[8:8 + PATH_DATA_SIZE] if n == PATH_SIZE else None
+            data = (<char*>packet.path_data)[:PATH_DATA_SIZE] if not packet.sealed else None
         else:
-            data = peer.open_control(datagram, ptype) if n == PATH_SECURE_SIZE else None
+            data = peer.open_control(&packet, datagram, ptype) if packet.sealed else None
         if data is None:
             self.drop_counts[DROP_AUTH_FAILED if peer.open_aead is not None else DROP_BAD_LENGTH] += 1
             return
@@ -948,10 +874,8 @@ cdef class Endpoint:
             return
         old = peer.address
         del self.peers_by_address[old]
-        peer.address = address
+        peer.migrate(address)
         self.peers_by_address[address] = peer
-        peer.path_address = None
-        peer.path_data = None
         self.path_counts["migrations"] += 1
         self.events.append(PeerMigrated(peer.peer_id, old, address))
         self._touch(peer)
@@ -978,11 +902,11 @@ cdef class Endpoint:
             del self.sessions[peer.session_id]
         peer.release()
         self.events.append(PeerDisconnected(peer.peer_id, peer.address, reason))
-        if code >= 0 and peer.state == STATE_CONNECTED:
+        if code >= 0 and peer.allows(TRIGGER_DISCONNECT):
             peer.begin_disconnect(code)
             self.closing.append(peer)
         else:
-            peer.state = STATE_CLOSED
+            peer.close()
 
     cdef int _new_peer_id(self):
         cdef int peer_id = self.next_peer_id

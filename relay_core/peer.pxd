@@ -4,14 +4,24 @@ from relay_core.rtt cimport RttEstimator
 from relay_core.channel cimport SentUnits
 from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
-from relay_core.wire cimport DataHeader
+from relay_core.wire cimport DataHeader, SessionPacket
 
+# The connection's states and what moves it between them; peer.TRANSITIONS says which
+# (state, trigger) pairs are legal and where each leads (docs/PROTOCOL.md, section 9).
 cdef enum PeerState:
-    STATE_CONNECTING = 0        # client: sending CONNECT_REQUEST
+    STATE_CONNECTING = 0        # client: sending CONNECT_REQUEST; server: checking its response
     STATE_CHALLENGED = 1        # client: sending CONNECT_RESPONSE with the server's cookie
     STATE_CONNECTED = 2
     STATE_DISCONNECTING = 3     # sending DISCONNECT, then closed
     STATE_CLOSED = 4
+
+cdef enum PeerTrigger:
+    TRIGGER_CHALLENGE = 0       # client: the server's CHALLENGE arrived
+    TRIGGER_ACCEPT = 1          # client: the server's ACCEPT arrived
+    TRIGGER_ADMIT = 2           # server: the client's CONNECT_RESPONSE was valid
+    TRIGGER_DISCONNECT = 3      # we end a connection and tell the peer
+    TRIGGER_DISCONNECT_SENT = 4 # ... and the DISCONNECTs went out
+    TRIGGER_CLOSE = 5           # the connection ends with nothing sent
 
 
 cdef struct SentPacket:
@@ -49,14 +59,14 @@ cdef class Peer:
     cdef readonly bint has_recv_counter
     cdef readonly object token              # client: the ConnectToken it connects with
     cdef readonly object claims             # server: TokenClaims of the connection's token
-    cdef public bytes accept_packet         # server: the ACCEPT a repeated CONNECT_RESPONSE gets again
-    cdef public bytes token_private         # server: the token this connection was accepted with
+    cdef readonly bytes accept_packet       # server: the ACCEPT a repeated CONNECT_RESPONSE gets again
+    cdef readonly bytes token_private       # server: the token this connection was accepted with
 
     # path validation (server): a new address the peer's packets arrive from, until it answers
-    cdef public object path_address         # None: nothing being validated
-    cdef public bytes path_data             # the challenge's 8 random bytes
-    cdef public Py_ssize_t path_budget      # bytes of challenges we may still send there
-    cdef public double path_sent_at
+    cdef readonly object path_address       # None: nothing being validated
+    cdef readonly bytes path_data           # the challenge's 8 random bytes
+    cdef readonly Py_ssize_t path_budget    # bytes of challenges we may still send there
+    cdef readonly double path_sent_at
 
     # handshake (client side)
     cdef bytes cookie_packet
@@ -137,13 +147,23 @@ cdef class Peer:
     cdef readonly uint64_t packets_lost
     cdef readonly uint64_t messages_received
 
-    cdef void connected(self, uint32_t session_id, double now, double peer_ack_delay)
+    cpdef int _transition(self, int trigger) except -1
+    cpdef bint allows(self, int trigger)
+    cdef int on_challenge(self, bytes connect_response, double now) except -1
+    cdef int on_accept(self, uint32_t session_id, double now, double peer_ack_delay) except -1
+    cdef int admit(self, uint32_t session_id, bytes accept_packet, object claims, bytes token,
+                   double now, double peer_ack_delay) except -1
+    cdef void _connected(self, uint32_t session_id, double now, double peer_ack_delay)
+    cdef int begin_disconnect(self, int code) except -1
+    cdef int close(self) except -1
     cdef void protect(self, bytes send_key, bytes receive_key)
-    cdef int open_disconnect(self, bytes datagram)
+    cdef int open_disconnect(self, const SessionPacket* packet, bytes datagram)
     cdef bytes seal_control(self, int packet_type, bytes plaintext)
-    cdef object open_control(self, bytes datagram, int packet_type)
+    cdef object open_control(self, const SessionPacket* packet, bytes datagram, int packet_type)
     cdef bytes path_packet(self, int packet_type, bytes data)
-    cdef void begin_disconnect(self, int code)
+    cdef void watch_path(self, object address, bytes data, Py_ssize_t budget)
+    cdef void path_challenge_sent(self, Py_ssize_t size, double now)
+    cdef void migrate(self, object address)
     cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
     cdef void process_acks(self, DataHeader* h, double now)
     cdef void packet_acked(self, uint16_t seq)

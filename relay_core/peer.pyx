@@ -12,6 +12,8 @@ cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
+from types import MappingProxyType
+
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
@@ -25,15 +27,38 @@ from relay_core.channel cimport (
 from relay_core.wire cimport (
     DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
     make_connect_request, make_disconnect, make_path_packet, make_nonce, reconstruct_counter,
-    time_ms16, read_u16, write_prefix, write_u16, write_u32,
+    time_ms16, read_packet_seq, write_sealed_header, SessionPacket,
     DATA_HEADER_SIZE, RK_MESSAGE, RK_FRAGMENT, RK_BLOCK_SLICE, RK_BLOCK_ACK, TAG_SIZE, PT_DATA,
-    PT_DISCONNECT, DISCONNECT_SECURE_SIZE, SEALED_CONTROL_HEADER,
-    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_UNKNOWN_CHANNEL, DROP_AUTH_FAILED,
+    PT_DISCONNECT, SEALED_CONTROL_HEADER,
+    DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_UNKNOWN_CHANNEL, DROP_AUTH_FAILED, DROP_BAD_LENGTH,
 )
 
 from relay_core.channel import make_send_channel, make_receive_channel
 from relay_core.events import BlockDelivered, BlockReceived, MessageReceived, PeerConnected
-from relay_core.wire import REASONS
+
+STATE_NAMES = ("connecting", "challenged", "connected", "disconnecting", "closed")
+TRIGGER_NAMES = ("challenge", "accept", "admit", "disconnect", "disconnect_sent", "close")
+
+# The whole connection state machine, (state, trigger) -> new state; any other pair is
+# refused (Peer._transition raises, Peer.allows says no). docs/PROTOCOL.md, section 9.
+TRANSITIONS = MappingProxyType({
+    (STATE_CONNECTING, TRIGGER_CHALLENGE): STATE_CHALLENGED,
+    (STATE_CHALLENGED, TRIGGER_ACCEPT): STATE_CONNECTED,
+    (STATE_CONNECTING, TRIGGER_ADMIT): STATE_CONNECTED,         # a server's peer is born here
+    (STATE_CONNECTED, TRIGGER_DISCONNECT): STATE_DISCONNECTING,
+    (STATE_DISCONNECTING, TRIGGER_DISCONNECT_SENT): STATE_CLOSED,
+    (STATE_CONNECTING, TRIGGER_CLOSE): STATE_CLOSED,
+    (STATE_CHALLENGED, TRIGGER_CLOSE): STATE_CLOSED,
+    (STATE_CONNECTED, TRIGGER_CLOSE): STATE_CLOSED,
+})
+
+
+class PeerStateError(RuntimeError):
+    """A transition the state machine does not have was asked for."""
+
+
+def _trigger_name(int trigger):
+    return TRIGGER_NAMES[trigger] if 0 <= trigger < len(TRIGGER_NAMES) else f"trigger {trigger}"
 
 # Copies of a DISCONNECT sent back to back: it is not acked, so one lost copy must not matter.
 DISCONNECT_COPIES = 3
@@ -170,13 +195,61 @@ cdef class Peer:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    cdef void connected(self, uint32_t session_id, double now, double peer_ack_delay):
+    cpdef int _transition(self, int trigger) except -1:
+        """Move to the state TRANSITIONS names for ``trigger``; an illegal trigger is a bug in
+        the caller and changes nothing."""
+        new_state = TRANSITIONS.get((self.state, trigger))
+        if new_state is None:
+            raise PeerStateError(f"peer {self.peer_id}: {_trigger_name(trigger)} is not allowed "
+                                 f"when {STATE_NAMES[self.state]}")
+        self.state = new_state
+        return 0
+
+    cpdef bint allows(self, int trigger):
+        """Whether ``trigger`` is legal now: the endpoint drops a packet that is not."""
+        return (self.state, trigger) in TRANSITIONS
+
+    cdef int on_challenge(self, bytes connect_response, double now) except -1:
+        """Client: answer the server's CHALLENGE with ``connect_response`` from now on."""
+        self._transition(TRIGGER_CHALLENGE)
+        self.cookie_packet = connect_response
+        self.next_handshake_at = now
+        return 0
+
+    cdef int on_accept(self, uint32_t session_id, double now, double peer_ack_delay) except -1:
+        """Client: the server's ACCEPT names the session."""
+        self._transition(TRIGGER_ACCEPT)
+        self._connected(session_id, now, peer_ack_delay)
+        return 0
+
+    cdef int admit(self, uint32_t session_id, bytes accept_packet, object claims, bytes token,
+                   double now, double peer_ack_delay) except -1:
+        """Server: a valid CONNECT_RESPONSE (with ``token`` and its ``claims`` in token mode)
+        made this connection; ``accept_packet`` answers it, now and if it is repeated."""
+        self._transition(TRIGGER_ADMIT)
+        self.accept_packet = accept_packet
+        self.claims = claims
+        self.token_private = token
+        self._connected(session_id, now, peer_ack_delay)
+        return 0
+
+    cdef void _connected(self, uint32_t session_id, double now, double peer_ack_delay):
         self.session_id = session_id
         self.rtt.peer_ack_delay = peer_ack_delay
-        self.state = STATE_CONNECTED
         self.last_receive_at = now
         self.last_send_at = now
         self.events.append(PeerConnected(self.peer_id, self.address, self.claims))
+
+    cdef int begin_disconnect(self, int code) except -1:
+        """End a connected session: the next flush sends DISCONNECT(code), then it is closed."""
+        self._transition(TRIGGER_DISCONNECT)
+        self.disconnect_code = code
+        return 0
+
+    cdef int close(self) except -1:
+        """End the connection with nothing more sent."""
+        self._transition(TRIGGER_CLOSE)
+        return 0
 
     cdef void protect(self, bytes send_key, bytes receive_key):
         """Seal what we send and open what we receive from now on; one cipher object per
@@ -184,22 +257,20 @@ cdef class Peer:
         self.seal_aead = ChaCha20Poly1305(send_key)
         self.open_aead = ChaCha20Poly1305(receive_key)
 
-    cdef int open_disconnect(self, bytes datagram):
+    cdef int open_disconnect(self, const SessionPacket* packet, bytes datagram):
         """The reason code of a DISCONNECT for this session, or -(DropReason + 1)."""
         if self.open_aead is None:
-            return datagram[8]
-        if len(datagram) != DISCONNECT_SECURE_SIZE:
+            return packet.reason if not packet.sealed else -(DROP_BAD_LENGTH + 1)
+        if not packet.sealed:
             return -(DROP_AUTH_FAILED + 1)
-        reason = self.open_control(datagram, PT_DISCONNECT)
+        reason = self.open_control(packet, datagram, PT_DISCONNECT)
         return -(DROP_AUTH_FAILED + 1) if reason is None else reason[0]
 
     cdef bytes seal_control(self, int packet_type, bytes plaintext):
         """A sealed DISCONNECT or PATH packet: prefix, session_id and seq in clear, then the
         sealed plaintext. Uses up one packet counter, like a DATA packet."""
         cdef uint8_t header[SEALED_CONTROL_HEADER]
-        write_prefix(header, packet_type)
-        write_u32(header + 4, self.session_id)
-        write_u16(header + 8, <uint16_t>self.send_counter)
+        write_sealed_header(header, packet_type, self.session_id, <uint16_t>self.send_counter)
         ad = (<char*>header)[:SEALED_CONTROL_HEADER]
         packet = ad + self.seal_aead.encrypt(make_nonce(packet_type, self.send_counter), plaintext, ad)
         self.send_counter += 1
@@ -207,11 +278,10 @@ cdef class Peer:
         self.in_flight <<= 1                # a seq no DATA packet of ours carries
         return packet
 
-    cdef object open_control(self, bytes datagram, int packet_type):
+    cdef object open_control(self, const SessionPacket* packet, bytes datagram, int packet_type):
         """The plaintext of a sealed control packet of this session, or None if it does not
         authenticate."""
-        cdef uint64_t counter = reconstruct_counter(self.recv_counter, self.has_recv_counter,
-                                                    read_u16(<const uint8_t*><const char*>datagram + 8))
+        cdef uint64_t counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, packet.seq)
         try:
             plaintext = self.open_aead.decrypt(make_nonce(packet_type, counter),
                                                datagram[SEALED_CONTROL_HEADER:], datagram[:SEALED_CONTROL_HEADER])
@@ -227,9 +297,23 @@ cdef class Peer:
             return make_path_packet(packet_type, self.session_id, data)
         return self.seal_control(packet_type, data)
 
-    cdef void begin_disconnect(self, int code):
-        self.disconnect_code = code
-        self.state = STATE_DISCONNECTING if self.session_id != 0 else STATE_CLOSED
+    cdef void watch_path(self, object address, bytes data, Py_ssize_t budget):
+        """Server: validate ``address`` (the newest one wins) with a challenge carrying
+        ``data``, sending at most ``budget`` bytes there."""
+        self.path_address = address
+        self.path_data = data
+        self.path_budget = budget
+        self.path_sent_at = -1e300
+
+    cdef void path_challenge_sent(self, Py_ssize_t size, double now):
+        self.path_budget -= size
+        self.path_sent_at = now
+
+    cdef void migrate(self, object address):
+        """Server: the peer answered from ``address``; everything goes there from now on."""
+        self.address = address
+        self.path_address = None
+        self.path_data = None
 
     cdef void release(self):
         """Give back memory charged to shared budgets; the peer is being removed."""
@@ -254,7 +338,7 @@ cdef class Peer:
             # (acks, RTT, the received-packet buffer, the idle timer) and is never answered.
             if n < DATA_HEADER_SIZE + TAG_SIZE:
                 return -(DROP_AUTH_FAILED + 1)
-            counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_u16(p + 8))
+            counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_packet_seq(p))
             view = memoryview(datagram)
             try:
                 plaintext = self.open_aead.decrypt(make_nonce(PT_DATA, counter), view[DATA_HEADER_SIZE:],
@@ -594,7 +678,7 @@ cdef class Peer:
                 out.append((packet, self.address))
             self.bytes_sent += DISCONNECT_COPIES * len(packet)
             self.packets_sent += DISCONNECT_COPIES
-            self.state = STATE_CLOSED
+            self._transition(TRIGGER_DISCONNECT_SENT)
             return
         if self.state == STATE_CLOSED or now < self.next_handshake_at:
             return

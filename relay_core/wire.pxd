@@ -107,6 +107,16 @@ cdef inline int32_t seq_diff(uint16_t a, uint16_t b) noexcept nogil:
 cdef inline bint seq_greater(uint16_t a, uint16_t b) noexcept nogil:
     return seq_diff(a, b) > 0
 
+# Fields every DATA packet, and every packet of an established session, has at the same offset.
+cdef inline uint32_t read_session_id(const uint8_t* p) noexcept nogil:
+    """The session_id of a DATA, DISCONNECT or PATH packet (the caller checked its length)."""
+    return read_u32(p + 4)
+
+cdef inline uint16_t read_packet_seq(const uint8_t* p) noexcept nogil:
+    """The seq of a DATA packet or a sealed DISCONNECT / PATH packet: the low 16 bits of
+    its packet counter."""
+    return read_u16(p + 8)
+
 cdef inline uint16_t time_ms16(double now) noexcept nogil:
     return <uint16_t>(<int64_t>(now * 1000.0) & 0xFFFF)
 
@@ -182,6 +192,47 @@ cdef struct Record:
     Py_ssize_t payload_length
 
 
+# Control packets decoded: decode_* fill one of these from a datagram whose prefix names its
+# type, and return 0, or -(DropReason + 1) for a length or token block that does not fit.
+cdef struct ConnectRequest:
+    uint32_t connect_id
+    int token_format                # TOKEN_FORMAT_NONE or TOKEN_FORMAT_V1
+    Py_ssize_t token_offset         # the token's private part: [token_offset, + token_length)
+    Py_ssize_t token_length
+
+
+cdef struct CookiePacket:           # CHALLENGE and CONNECT_RESPONSE
+    uint32_t connect_id
+    uint32_t cookie_time
+    uint8_t cookie_mac[COOKIE_MAC_SIZE]
+    uint16_t ack_delay_ms           # CONNECT_RESPONSE only
+    int token_format                # CONNECT_RESPONSE in token mode: TOKEN_FORMAT_V1
+    Py_ssize_t token_offset
+    Py_ssize_t token_length
+    Py_ssize_t tag_offset           # token mode: the tag, after the bytes it covers; else -1
+
+
+cdef struct AcceptPacket:
+    uint32_t connect_id
+    uint32_t session_id
+    uint16_t ack_delay_ms
+    int flags                       # token mode; -1 in open mode
+    Py_ssize_t tag_offset           # token mode; else -1
+
+
+cdef struct RefusePacket:
+    uint32_t connect_id
+    int reason
+
+
+cdef struct SessionPacket:          # DISCONNECT, PATH_CHALLENGE, PATH_RESPONSE
+    uint32_t session_id
+    bint sealed                     # seq, then the body sealed from SEALED_CONTROL_HEADER on
+    uint16_t seq                    # sealed only
+    int reason                      # open DISCONNECT only; else -1
+    uint8_t path_data[PATH_DATA_SIZE]   # open PATH only
+
+
 cdef int check_prefix(const uint8_t* p, Py_ssize_t n) noexcept nogil
 cdef void write_prefix(uint8_t* p, int packet_type) noexcept nogil
 cdef void write_data_header(uint8_t* p, const DataHeader* h) noexcept nogil
@@ -197,6 +248,14 @@ cdef Py_ssize_t write_block_ack_record(uint8_t* p, uint16_t block_id, uint16_t b
                                        const uint8_t* bitfield, Py_ssize_t bitfield_length) noexcept nogil
 
 cdef Py_ssize_t read_token_block(const uint8_t* p, Py_ssize_t n, Py_ssize_t offset, Py_ssize_t* length) noexcept nogil
+cdef int decode_connect_request(const uint8_t* p, Py_ssize_t n, ConnectRequest* out) noexcept nogil
+cdef int decode_challenge(const uint8_t* p, Py_ssize_t n, CookiePacket* out) noexcept nogil
+cdef int decode_connect_response(const uint8_t* p, Py_ssize_t n, CookiePacket* out) noexcept nogil
+cdef int decode_accept(const uint8_t* p, Py_ssize_t n, AcceptPacket* out) noexcept nogil
+cdef int decode_refuse(const uint8_t* p, Py_ssize_t n, RefusePacket* out) noexcept nogil
+cdef int decode_disconnect(const uint8_t* p, Py_ssize_t n, SessionPacket* out) noexcept nogil
+cdef int decode_path_packet(const uint8_t* p, Py_ssize_t n, SessionPacket* out) noexcept nogil
+cdef void write_sealed_header(uint8_t* p, int packet_type, uint32_t session_id, uint16_t seq) noexcept nogil
 cdef bytes make_nonce(int packet_type, uint64_t counter)
 cdef bytes make_connect_request(uint32_t connect_id, bytes token)
 cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac)

@@ -1,8 +1,10 @@
 """Wire format: packet prefix, DATA header, record codecs and handshake packets.
 
 Every layout here is specified byte by byte in docs/PROTOCOL.md; tests/vectors/*.json tie the
-two together. The cdef functions are the hot path used by peer.pyx; ``decode_packet`` and
-``encode_packet`` expose the same codecs to Python for test vectors and tooling.
+two together, and no other module knows a byte offset. The cdef functions are what peer.pyx
+and endpoint.pyx read and write datagrams with (one ``decode_*`` per control packet);
+``decode_packet`` and ``encode_packet`` expose the same codecs to Python for test vectors and
+tooling.
 """
 from libc.string cimport memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
@@ -38,7 +40,11 @@ REASONS = {
 }
 REASON_CODES = {name: code for code, name in REASONS.items()}
 
+# Sizes for Python code (relay_core.config derives its limits from them).
 DATA_HEADER_BYTES = DATA_HEADER_SIZE
+MESSAGE_OVERHEAD_BYTES = MESSAGE_RECORD_OVERHEAD
+FRAGMENT_OVERHEAD_BYTES = FRAGMENT_RECORD_OVERHEAD
+SLICE_OVERHEAD_BYTES = SLICE_RECORD_OVERHEAD
 MAX_RECORD_LENGTH = MAX_VARINT_LENGTH
 TAG_BYTES = TAG_SIZE
 
@@ -223,6 +229,117 @@ cdef Py_ssize_t read_token_block(const uint8_t* p, Py_ssize_t n, Py_ssize_t offs
     return TOKEN_FORMAT_V1
 
 
+# Where the token block starts in the handshake packets that carry one.
+cdef enum:
+    REQUEST_TOKEN_BLOCK = 8
+    RESPONSE_TOKEN_BLOCK = CONNECT_RESPONSE_SIZE
+
+
+cdef int decode_connect_request(const uint8_t* p, Py_ssize_t n, ConnectRequest* out) noexcept nogil:
+    cdef int token_format
+    if n < CONNECT_REQUEST_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    token_format = <int>read_token_block(p, n, REQUEST_TOKEN_BLOCK, &out.token_length)
+    if token_format < 0:
+        return token_format
+    out.connect_id = read_u32(p + 4)
+    out.token_format = token_format
+    out.token_offset = REQUEST_TOKEN_BLOCK + TOKEN_BLOCK_HEADER
+    return 0
+
+
+cdef void _read_cookie(const uint8_t* p, CookiePacket* out) noexcept nogil:
+    out.connect_id = read_u32(p + 4)
+    out.cookie_time = read_u32(p + 8)
+    memcpy(out.cookie_mac, p + 12, COOKIE_MAC_SIZE)
+    out.ack_delay_ms = 0
+    out.token_format = TOKEN_FORMAT_NONE
+    out.token_offset = 0
+    out.token_length = 0
+    out.tag_offset = -1
+
+
+cdef int decode_challenge(const uint8_t* p, Py_ssize_t n, CookiePacket* out) noexcept nogil:
+    if n != CHALLENGE_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    _read_cookie(p, out)
+    return 0
+
+
+cdef int decode_connect_response(const uint8_t* p, Py_ssize_t n, CookiePacket* out) noexcept nogil:
+    cdef int token_format
+    cdef Py_ssize_t token_length = 0
+    if n < CONNECT_RESPONSE_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    if n > CONNECT_RESPONSE_SIZE:
+        # Token mode: the token block, then the tag, and nothing after it.
+        token_format = <int>read_token_block(p, n, RESPONSE_TOKEN_BLOCK, &token_length)
+        if token_format < 0:
+            return token_format
+        if (token_format == TOKEN_FORMAT_NONE
+                or n != RESPONSE_TOKEN_BLOCK + TOKEN_BLOCK_HEADER + token_length + TAG_SIZE):
+            return -(DROP_BAD_LENGTH + 1)
+    _read_cookie(p, out)
+    out.ack_delay_ms = read_u16(p + 28)
+    if n > CONNECT_RESPONSE_SIZE:
+        out.token_format = token_format
+        out.token_offset = RESPONSE_TOKEN_BLOCK + TOKEN_BLOCK_HEADER
+        out.token_length = token_length
+        out.tag_offset = n - TAG_SIZE
+    return 0
+
+
+cdef int decode_accept(const uint8_t* p, Py_ssize_t n, AcceptPacket* out) noexcept nogil:
+    if n != ACCEPT_SIZE and n != ACCEPT_SECURE_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    out.connect_id = read_u32(p + 4)
+    out.session_id = read_u32(p + 8)
+    out.ack_delay_ms = read_u16(p + 12)
+    out.flags = p[ACCEPT_SIZE] if n == ACCEPT_SECURE_SIZE else -1
+    out.tag_offset = ACCEPT_SIZE + 1 if n == ACCEPT_SECURE_SIZE else -1
+    return 0
+
+
+cdef int decode_refuse(const uint8_t* p, Py_ssize_t n, RefusePacket* out) noexcept nogil:
+    if n != REFUSE_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    out.connect_id = read_u32(p + 4)
+    out.reason = p[8]
+    return 0
+
+
+cdef void _read_session_packet(const uint8_t* p, bint sealed, SessionPacket* out) noexcept nogil:
+    out.session_id = read_session_id(p)
+    out.sealed = sealed
+    out.seq = read_packet_seq(p) if sealed else 0
+    out.reason = -1
+
+
+cdef int decode_disconnect(const uint8_t* p, Py_ssize_t n, SessionPacket* out) noexcept nogil:
+    if n != DISCONNECT_SIZE and n != DISCONNECT_SECURE_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    _read_session_packet(p, n == DISCONNECT_SECURE_SIZE, out)
+    if not out.sealed:
+        out.reason = p[8]
+    return 0
+
+
+cdef int decode_path_packet(const uint8_t* p, Py_ssize_t n, SessionPacket* out) noexcept nogil:
+    if n != PATH_SIZE and n != PATH_SECURE_SIZE:
+        return -(DROP_BAD_LENGTH + 1)
+    _read_session_packet(p, n == PATH_SECURE_SIZE, out)
+    if not out.sealed:
+        memcpy(out.path_data, p + 8, PATH_DATA_SIZE)
+    return 0
+
+
+cdef void write_sealed_header(uint8_t* p, int packet_type, uint32_t session_id, uint16_t seq) noexcept nogil:
+    """The clear start of a sealed DISCONNECT or PATH packet, its associated data."""
+    write_prefix(p, packet_type)
+    write_u32(p + 4, session_id)
+    write_u16(p + 8, seq)
+
+
 cdef bytes make_nonce(int packet_type, uint64_t counter):
     # Packet type in byte 0 keeps the handshake, DATA and DISCONNECT nonces of one key apart.
     cdef uint8_t nonce[NONCE_SIZE]
@@ -322,11 +439,6 @@ cdef bytes make_path_packet(int packet_type, uint32_t session_id, bytes data):
     return bytes(out)
 
 
-_FIXED_SIZES = {
-    PT_CHALLENGE: CHALLENGE_SIZE, PT_REFUSE: REFUSE_SIZE,
-}
-
-
 class DecodeError(ValueError):
     """Raised by decode_packet (the tooling decoder) with the drop reason as ``reason``."""
 
@@ -359,10 +471,15 @@ def decode_packet(data, key=None, counter=None):
     cdef const uint8_t[:] view = raw
     cdef Py_ssize_t n = view.shape[0]
     cdef const uint8_t* p = &view[0] if n else NULL
-    cdef int ptype, fmt
+    cdef int ptype, status
     cdef DataHeader h
     cdef Record r
-    cdef Py_ssize_t pos, nxt, token_length
+    cdef ConnectRequest request
+    cdef CookiePacket cookie
+    cdef AcceptPacket accept
+    cdef RefusePacket refuse
+    cdef SessionPacket session
+    cdef Py_ssize_t pos, nxt
     if n == 0:
         raise DecodeError("truncated")
     ptype = check_prefix(p, n)
@@ -375,7 +492,7 @@ def decode_packet(data, key=None, counter=None):
         if key is not None:
             if n < DATA_HEADER_SIZE + TAG_SIZE:
                 raise DecodeError("auth_failed")
-            raw = raw[:DATA_HEADER_SIZE] + unseal(key, PT_DATA, read_u16(p + 8) if counter is None else counter,
+            raw = raw[:DATA_HEADER_SIZE] + unseal(key, PT_DATA, read_packet_seq(p) if counter is None else counter,
                                                   raw[:DATA_HEADER_SIZE], raw[DATA_HEADER_SIZE:])
             view = raw
             n = view.shape[0]
@@ -406,77 +523,65 @@ def decode_packet(data, key=None, counter=None):
         out["records"] = records
         return out
     if ptype == PT_CONNECT_REQUEST:
-        if n < CONNECT_REQUEST_SIZE:
-            raise DecodeError("bad_length")
-        out["connect_id"] = read_u32(p + 4)
-        fmt = read_token_block(p, n, 8, &token_length)
-        if fmt < 0:
-            raise DecodeError(DROP_REASONS[-fmt - 1])
-        if fmt == TOKEN_FORMAT_V1:
-            out["token"] = raw[8 + TOKEN_BLOCK_HEADER:8 + TOKEN_BLOCK_HEADER + token_length].hex()
+        status = decode_connect_request(p, n, &request)
+        if status < 0:
+            raise DecodeError(DROP_REASONS[-status - 1])
+        out["connect_id"] = request.connect_id
+        if request.token_format == TOKEN_FORMAT_V1:
+            out["token"] = raw[request.token_offset:request.token_offset + request.token_length].hex()
         return out
-    if ptype == PT_CONNECT_RESPONSE:
-        if n < CONNECT_RESPONSE_SIZE:
-            raise DecodeError("bad_length")
-        token_length = -1
-        if n > CONNECT_RESPONSE_SIZE:
-            fmt = read_token_block(p, n, CONNECT_RESPONSE_SIZE, &token_length)
-            if fmt < 0:
-                raise DecodeError(DROP_REASONS[-fmt - 1])
-            if fmt == TOKEN_FORMAT_NONE or n != CONNECT_RESPONSE_SIZE + TOKEN_BLOCK_HEADER + token_length + TAG_SIZE:
-                raise DecodeError("bad_length")
-    elif ptype == PT_ACCEPT:
-        if n != ACCEPT_SIZE and n != ACCEPT_SECURE_SIZE:
-            raise DecodeError("bad_length")
-    elif ptype == PT_DISCONNECT:
-        if n != DISCONNECT_SIZE and n != DISCONNECT_SECURE_SIZE:
-            raise DecodeError("bad_length")
-    elif ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
-        if n != PATH_SIZE and n != PATH_SECURE_SIZE:
-            raise DecodeError("bad_length")
-        out["session_id"] = read_u32(p + 4)
-        if n == PATH_SIZE:
-            out["data"] = raw[8:16].hex()
-        else:
-            out["seq"] = read_u16(p + 8)
-            if key is None:
-                out["sealed_data"] = raw[10:].hex()
-            else:
-                out["data"] = unseal(key, ptype, out["seq"] if counter is None else counter,
-                                     raw[:10], raw[10:]).hex()
-        return out
-    elif n != _FIXED_SIZES[ptype]:
-        raise DecodeError("bad_length")
-    if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE, PT_ACCEPT, PT_REFUSE):
-        out["connect_id"] = read_u32(p + 4)
-    if ptype in (PT_CHALLENGE, PT_CONNECT_RESPONSE):
-        out["cookie_time"] = read_u32(p + 8)
-        out["cookie_mac"] = bytes(view[12:28]).hex()
+    if ptype == PT_CHALLENGE or ptype == PT_CONNECT_RESPONSE:
+        status = (decode_challenge(p, n, &cookie) if ptype == PT_CHALLENGE
+                  else decode_connect_response(p, n, &cookie))
+        if status < 0:
+            raise DecodeError(DROP_REASONS[-status - 1])
+        out.update(connect_id=cookie.connect_id, cookie_time=cookie.cookie_time,
+                   cookie_mac=(<char*>cookie.cookie_mac)[:COOKIE_MAC_SIZE].hex())
         if ptype == PT_CONNECT_RESPONSE:
-            out["ack_delay_ms"] = read_u16(p + 28)
-            if token_length >= 0:
-                out["token"] = raw[33:33 + token_length].hex()
-                out["tag"] = raw[n - TAG_SIZE:].hex()
-    elif ptype == PT_ACCEPT:
-        out["session_id"] = read_u32(p + 8)
-        out["ack_delay_ms"] = read_u16(p + 12)
-        if n == ACCEPT_SECURE_SIZE:
-            out["flags"] = p[14]
-            out["tag"] = raw[15:].hex()
-    elif ptype == PT_REFUSE:
-        out["reason"] = REASONS.get(p[8], p[8])
-    elif ptype == PT_DISCONNECT:
-        out["session_id"] = read_u32(p + 4)
-        if n == DISCONNECT_SIZE:
-            out["reason"] = REASONS.get(p[8], p[8])
+            out["ack_delay_ms"] = cookie.ack_delay_ms
+            if cookie.token_format == TOKEN_FORMAT_V1:
+                out["token"] = raw[cookie.token_offset:cookie.token_offset + cookie.token_length].hex()
+                out["tag"] = raw[cookie.tag_offset:].hex()
+        return out
+    if ptype == PT_ACCEPT:
+        status = decode_accept(p, n, &accept)
+        if status < 0:
+            raise DecodeError(DROP_REASONS[-status - 1])
+        out.update(connect_id=accept.connect_id, session_id=accept.session_id,
+                   ack_delay_ms=accept.ack_delay_ms)
+        if accept.flags >= 0:
+            out["flags"] = accept.flags
+            out["tag"] = raw[accept.tag_offset:].hex()
+        return out
+    if ptype == PT_REFUSE:
+        status = decode_refuse(p, n, &refuse)
+        if status < 0:
+            raise DecodeError(DROP_REASONS[-status - 1])
+        out.update(connect_id=refuse.connect_id, reason=REASONS.get(refuse.reason, refuse.reason))
+        return out
+    status = (decode_disconnect(p, n, &session) if ptype == PT_DISCONNECT
+              else decode_path_packet(p, n, &session))
+    if status < 0:
+        raise DecodeError(DROP_REASONS[-status - 1])
+    out["session_id"] = session.session_id
+    if not session.sealed:
+        if ptype == PT_DISCONNECT:
+            out["reason"] = REASONS.get(session.reason, session.reason)
         else:
-            out["seq"] = read_u16(p + 8)
-            if key is None:
-                out["sealed_reason"] = raw[10:].hex()
-            else:
-                reason = unseal(key, PT_DISCONNECT, out["seq"] if counter is None else counter,
-                                raw[:10], raw[10:])[0]
-                out["reason"] = REASONS.get(reason, reason)
+            out["data"] = (<char*>session.path_data)[:PATH_DATA_SIZE].hex()
+        return out
+    out["seq"] = session.seq
+    header, sealed = raw[:SEALED_CONTROL_HEADER], raw[SEALED_CONTROL_HEADER:]
+    if ptype == PT_DISCONNECT:
+        if key is None:
+            out["sealed_reason"] = sealed.hex()
+        else:
+            reason = unseal(key, ptype, session.seq if counter is None else counter, header, sealed)[0]
+            out["reason"] = REASONS.get(reason, reason)
+    elif key is None:
+        out["sealed_data"] = sealed.hex()
+    else:
+        out["data"] = unseal(key, ptype, session.seq if counter is None else counter, header, sealed).hex()
     return out
 
 
@@ -519,10 +624,7 @@ def _sealed_control(int ptype, packet, key, counter, str sealed_field, Py_ssize_
     seq), then ``plaintext`` (``size`` bytes) sealed under ``key``, or without a key the vector's
     ciphertext from ``sealed_field``."""
     cdef bytearray buf = bytearray(SEALED_CONTROL_HEADER)
-    cdef uint8_t* p = buf
-    write_prefix(p, ptype)
-    write_u32(p + 4, packet["session_id"])
-    write_u16(p + 8, packet["seq"])
+    write_sealed_header(buf, ptype, packet["session_id"], packet["seq"])
     if key is None:
         sealed = bytes.fromhex(packet[sealed_field])
         if len(sealed) != size + TAG_SIZE:

@@ -143,3 +143,25 @@ def test_mutated_valid_packets_never_raise_and_the_session_lives(draw):
     live.run(0.05)
     assert received(live.server_events, 3)[before:] == [b"still alive"]
     assert live.client.is_connected(live.client_peer) and live.server.peer_count == 1
+
+
+def test_the_endpoint_and_the_decoder_refuse_control_packets_alike():
+    """Both read control packets with the same wire.decode_* functions: a size or token block
+    the decoder refuses is dropped by the endpoint for the same reason."""
+    from relay_core import DecodeError, Endpoint, EndpointConfig
+    server = Endpoint(EndpointConfig(accept_connections=True, seed=1, handshake_rate=None))
+    refused = 0
+    for packet_type in (1, 2, 3, 4, 5, 7, 8, 9):
+        for size in range(4, 140):
+            for fill in (0, 2):         # token format 0 (none) or 2 (unknown)
+                datagram = b"RL\x01" + bytes([packet_type]) + bytes([fill]) * (size - 4)
+                try:
+                    decode_packet(datagram)
+                    continue
+                except DecodeError as error:
+                    reason = error.reason
+                before = server.drops.get(reason, 0)
+                server.receive(datagram, ("10.9.9.9", size), 0.0)
+                assert server.drops.get(reason, 0) == before + 1, (packet_type, size, fill, reason)
+                refused += 1
+    assert refused > 1500

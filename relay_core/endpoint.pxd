@@ -1,0 +1,114 @@
+# The Endpoint's C-level layout, so that other compiled modules can cimport it.
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+from relay_core.fragment cimport MemoryBudget
+from relay_core.peer cimport MessageSink, Peer, STATE_CONNECTED
+from relay_core.wire cimport CookiePacket, AcceptPacket, DROP_REASON_COUNT
+
+
+cdef struct DueEntry:
+    double deadline
+    int peer_id
+    unsigned long long generation       # the peer's schedule_generation when it was pushed
+
+
+cdef class Endpoint:
+    cdef readonly object config
+    cdef dict peers_by_address
+    cdef dict peers
+    cdef dict sessions                  # session_id -> connected peer (address migration)
+    cdef list closing
+    # Peers are visited only when something may be due: the ones touched since their last flush
+    # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
+    # idle peers then pays nothing per call for them.
+    cdef list dirty                     # Peers, each once (its dirty flag says it is here)
+    # A binary min-heap of (deadline, peer_id, generation) in C: pushed on every visit, so a
+    # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
+    # whose generation is no longer the peer's are superseded and dropped when they surface.
+    cdef DueEntry* due_heap
+    cdef Py_ssize_t due_count
+    cdef Py_ssize_t due_capacity
+    cdef list control_out              # handshake replies waiting for datagrams_to_send
+    cdef object events
+    cdef MessageSink message_sink      # None, or every peer's sink (set_message_sink)
+    cdef uint64_t drop_counts[DROP_REASON_COUNT]
+    cdef dict refusal_counts
+    cdef int next_peer_id
+    cdef bytes cookie_key
+    cdef object rng
+    cdef uint8_t* scratch
+    cdef uint32_t cookie_lifetime_ms
+    cdef bint accept_connections
+    cdef int max_peers
+    cdef uint16_t ack_delay_ms          # announced in the handshake; the peer's RTO allows for it
+    cdef MemoryBudget block_budget      # block receive buffers of all peers together
+    cdef tuple size_limits              # per channel: (largest payload, what to suggest)
+    cdef tuple unreliable_channels      # per channel: True when its limit is one datagram
+
+    # token mode
+    cdef object token_keys              # None: open mode
+    cdef bint encrypt_packets
+    cdef readonly double unix_offset    # unix time = now + unix_offset
+    cdef dict used_tokens               # token_id -> expiry (unix): single use
+    cdef list used_token_expiry         # heap of (expiry, token_id), to forget them once expired
+
+    # per-source handshake rate limit (token bucket per source IP, least recently seen evicted)
+    cdef dict handshake_buckets         # source -> (tokens, at)
+    cdef double handshake_rate          # 0: unlimited
+    cdef double handshake_burst
+    cdef Py_ssize_t handshake_sources
+
+    # address migration (server): validating a connected peer's new address
+    cdef Py_ssize_t path_challenge_budget
+    cdef double path_retry_interval
+    cdef dict path_counts
+
+    # traffic of peers already closed, so that totals over all peers never go down
+    cdef uint64_t closed_resends
+    # Something may be due out now (see output_due); cleared by datagrams_to_send.
+    cdef bint output_pending
+    cdef uint64_t closed_redundant_bytes
+
+    cdef void _receive(self, bytes datagram, object address, double now)
+    cdef list _due_peers(self, double now)
+    cdef void _schedule(self, Peer peer)
+    cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1
+    cdef DueEntry _due_pop(self) noexcept
+    cdef void _due_shrink(self) noexcept
+    cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token)
+    cdef bint _over_handshake_rate(self, object address, double now)
+    cdef void _refuse(self, uint32_t connect_id, str reason, object address)
+    cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                                  object address, double now)
+    cdef void _on_connect_response(self, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                                   object address, double now)
+    cdef void _forget_expired_tokens(self, double unix_now)
+    cdef void _on_server_reply(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                               object address, double now)
+    cdef void _on_challenge(self, Peer peer, const CookiePacket* challenge, double now)
+    cdef void _on_accept(self, Peer peer, const AcceptPacket* accept, bytes datagram, double now)
+    cdef void _on_data_from_new_address(self, Peer peer, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                                        object address, double now)
+    cdef void _challenge_path(self, Peer peer, object address, Py_ssize_t trigger_size, double now)
+    cdef void _on_path_packet(self, int ptype, const uint8_t* p, Py_ssize_t n, bytes datagram,
+                              object address, double now)
+    cdef bint _run_timers(self, Peer peer, double now)
+    cdef void _close(self, Peer peer, str reason, int code)
+    cdef int _new_peer_id(self)
+    cdef uint32_t _random_u32(self)
+
+    cdef inline void _touch(self, Peer peer):
+        """The peer may have something to send: the next flush visits it."""
+        if not peer.dirty:
+            peer.dirty = True
+            self.dirty.append(peer)
+
+    cdef inline double _timer_deadline(self, Peer peer):
+        """When the peer's timers (timeout, RTO expiries, mode changes) may next be due. For a
+        connected peer its deadline when last scheduled will do: between flushes a timer can
+        only move later (a receive pushes the timeout back, an ack retires a message's RTO);
+        what makes one earlier is a send, and every flush reschedules. Every tick queues a
+        frame for every player, and recomputing next_deadline() then says "now" for all of them."""
+        if peer.state == STATE_CONNECTED:
+            return peer.scheduled_deadline
+        return peer.next_deadline()
