@@ -24,18 +24,17 @@ import argparse
 import json
 import os
 import select
-import struct
 import sys
 import time
 from typing import Optional
 
 import msgpack
 
-try:                                    # run as a script from a source tree
-    import relay  # noqa: F401
-except ImportError:                     # pragma: no cover
+if __package__ in (None, ""):           # run as a file: import benchmarks as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.loadgen import drive
+from benchmarks.players import ROOM_SIZE, LockstepPlayer, seat, window_shortfall
 from relay import protocol
 
 try:
@@ -44,10 +43,8 @@ except ImportError:                     # reported by capacity.py; tests skip
     enet = None
 
 JOIN, INPUT, WELCOME = 1, 5, 20
-ROOM_SIZE = 8
 LATENESS_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 """Same bounds as the relay's relay_tick_lateness_seconds histogram."""
-LOST_TOLERANCE_FRAMES = 3
 MAX_PEERS = 4095                        # ENET_PROTOCOL_MAXIMUM_PEER_ID
 
 
@@ -230,22 +227,17 @@ class EnetRelay:
 
 # -- the load generator -----------------------------------------------------------------------
 
-class EnetPlayer:
-    __slots__ = ("index", "room", "name", "host", "peer", "fd", "connected", "slot", "last",
-                 "frames", "gaps", "duplicates", "inputs_sent", "running", "error",
-                 "window_frames", "serviced")
+class EnetPlayer(LockstepPlayer):
+    __slots__ = ("room", "name", "host", "peer", "fd", "connected", "slot", "error", "serviced")
 
-    def __init__(self, index: int, room: str, name: str):
-        self.index, self.room, self.name = index, room, name
+    def __init__(self, index: int, room: str, name: str, input_delay: int):
+        super().__init__(index, input_delay)
+        self.room, self.name = room, name
         self.host = self.peer = None
         self.fd = -1
         self.connected = False
         self.slot = -1
-        self.last = -1
-        self.frames = self.gaps = self.duplicates = self.inputs_sent = 0
-        self.running = False
         self.error: Optional[str] = None
-        self.window_frames = 0
         self.serviced = 0.0
 
 
@@ -277,7 +269,8 @@ class EnetLoad:
         added = []
         for _ in range(count):
             index = len(self.players)
-            player = EnetPlayer(index, f"{self.prefix}-{index // ROOM_SIZE}", f"p{index % ROOM_SIZE}")
+            room, name = seat(index)
+            player = EnetPlayer(index, f"{self.prefix}-{room}", name, self.input_delay)
             player.host = enet.Host(None, 1, 2, 0, 0)
             player.peer = player.host.connect(self.address, 2)
             player.host.flush()
@@ -313,19 +306,8 @@ class EnetLoad:
 
     def _on_message(self, player: EnetPlayer, data: bytes) -> None:
         if data[:1] == b"\xc1":                   # a compact FRAME: its number is enough here
-            number = protocol.frame_number(data)
-            if number <= player.last:
-                player.duplicates += 1
-                return
-            if player.last >= 0 and number != player.last + 1:
-                player.gaps += number - player.last - 1
-            player.last = number
-            player.frames += 1
-            if not player.running:
-                player.running = True
-                for ahead in range(1, self.input_delay):
-                    self._send_input(player, number + ahead)
-            self._send_input(player, number + self.input_delay)
+            for frame in player.on_frame(protocol.frame_number(data)):
+                self._send_input(player, frame)
             return
         message = msgpack.unpackb(data, raw=False)
         if message[0] == WELCOME:
@@ -333,9 +315,8 @@ class EnetLoad:
             player.last = message[1]["next_frame"] - 1
 
     def _send_input(self, player: EnetPlayer, frame: int) -> None:
-        payload = struct.pack("<IIQ", player.index, frame, frame * 2654435761 & 0xFFFFFFFFFFFFFFFF)
-        player.peer.send(0, enet.Packet(msgpack.packb([INPUT, frame, payload, player.last]),
-                                        enet.PACKET_FLAG_RELIABLE))
+        message = player.input_message(frame, player.input_payload(frame))
+        player.peer.send(0, enet.Packet(message, enet.PACKET_FLAG_RELIABLE))
         player.inputs_sent += 1
 
     def run(self, seconds: float, until=None) -> None:
@@ -388,14 +369,7 @@ class EnetLoad:
     def window_end(self) -> dict:
         seconds = time.monotonic() - self.window_started
         expected = seconds * self.tick_rate
-        lost = short = 0
-        worst = 0.0
-        for player in self.players:
-            shortfall = expected - (player.frames - player.window_frames)
-            worst = max(worst, shortfall)
-            if shortfall > LOST_TOLERANCE_FRAMES:
-                lost += int(shortfall - LOST_TOLERANCE_FRAMES)
-                short += 1
+        lost, short, worst = window_shortfall(self.players, expected)
         end = self.counts()
         delta = {k: end[k] - self._base[k] for k in
                  ("frames", "gaps", "duplicates", "inputs_sent", "disconnects", "cpu")}
@@ -455,9 +429,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     loader = EnetLoad(args.server, args.tick_rate)
     try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from loadgen import drive
-
         result = drive(loader, args)
         if result is None:
             return 0

@@ -3,8 +3,9 @@
 Every simulated player is a ``relay_core`` client ``Endpoint`` (the client SDK's settings) with
 its own connected UDP socket on loopback, so the relay sees one address per player exactly as
 with real clients. One ``epoll`` loop serves them all: a datagram for a player is read, handed
-to its endpoint, and the player reacts the way a lockstep client does — on each FRAME N it sends
-a 16-byte input for frame N + ``input_delay`` on channel 1 (redundant) — then its endpoint's
+to its endpoint, and the player reacts the way a lockstep client does (benchmarks/players.py's
+``LockstepPlayer``) — on each FRAME N it sends a 16-byte input for frame N + ``input_delay`` on
+channel 1 (redundant) — then its endpoint's
 datagrams go out at once. Endpoint timers (acks, resends, heartbeats) run from a heap of
 deadlines, so an idle player costs nothing. When ``relay._batchio`` is importable, a ready socket
 is drained with one ``recv_batch`` call and a player's datagrams leave with one ``send_batch``;
@@ -38,35 +39,17 @@ import os
 import resource
 import select
 import socket
-import struct
 import sys
 import time
 from typing import Optional
 
-try:                                    # run as a script from a source tree
-    import relay  # noqa: F401
-except ImportError:                     # pragma: no cover
+if __package__ in (None, ""):           # run as a file: import benchmarks as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import msgpack
-
+from benchmarks.players import LockstepPlayer, frame_number, seat, window_shortfall
 from relay import protocol
 from relay.client import client_config
 from relay_core import Endpoint, MessageReceived, PeerConnected, PeerDisconnected
-
-INPUT_BYTES = 16
-ROOM_SIZE = 8
-LOST_TOLERANCE_FRAMES = 3
-"""Frames a player may be short in a window before the shortfall counts as lost (window edges)."""
-
-
-def frame_number(payload: bytes) -> int:
-    """The frame number of a FRAME message, read from its header (no full decode: compact
-    frames refer to their predecessor); -1 if ``payload`` is not a FRAME."""
-    try:
-        return protocol.frame_number(payload)
-    except protocol.ProtocolError:
-        return -1
 
 
 def _batchio():
@@ -97,14 +80,15 @@ def _batchio():
     return _batchio
 
 
-class Player:
-    __slots__ = ("index", "room", "name", "sock", "fd", "endpoint", "peer", "address", "slot",
-                 "welcome", "running", "last", "frames", "gaps", "duplicates", "inputs_sent",
-                 "inputs_checked", "inputs_missing", "error", "timer", "window_frames",
-                 "pending_inputs", "joined_at", "running_at", "refused")
+class Player(LockstepPlayer):
+    """A lockstep player with its own socket and relay_core endpoint, and input checks."""
 
-    def __init__(self, index: int, room: str, name: str):
-        self.index = index
+    __slots__ = ("room", "name", "sock", "fd", "endpoint", "peer", "address", "slot", "welcome",
+                 "inputs_checked", "inputs_missing", "error", "timer", "pending_inputs",
+                 "joined_at", "running_at", "refused")
+
+    def __init__(self, index: int, room: str, name: str, input_delay: int):
+        super().__init__(index, input_delay)
         self.room = room
         self.name = name
         self.sock: Optional[socket.socket] = None
@@ -114,19 +98,11 @@ class Player:
         self.address = None
         self.slot = -1
         self.welcome = False
-        self.running = False
-        self.last = -1
-        """Highest frame received in order (every frame before it received)."""
-        self.frames = 0
-        self.gaps = 0
-        self.duplicates = 0
-        self.inputs_sent = 0
         self.inputs_checked = 0
         self.inputs_missing = 0
         self.error: Optional[str] = None
         self.refused: Optional[str] = None
         self.timer = -1.0
-        self.window_frames = 0
         self.pending_inputs: dict[int, bytes] = {}
         self.joined_at = 0.0
         self.running_at = 0.0
@@ -168,8 +144,8 @@ class LoadGen:
         added = []
         for _ in range(count):
             index = len(self.players)
-            room = f"{self.room_prefix}-{index // ROOM_SIZE}"
-            player = Player(index, room, f"p{index % ROOM_SIZE}")
+            room, name = seat(index)
+            player = Player(index, f"{self.room_prefix}-{room}", name, self.input_delay)
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind(("127.0.0.1", 0))
             sock.connect(self.server)
@@ -180,7 +156,7 @@ class LoadGen:
             player.endpoint = Endpoint(self.config)
             player.peer = player.endpoint.connect(self.server, now)
             player.endpoint.send(player.peer, protocol.CONTROL,
-                                 protocol.Join(room, player.name).encode())
+                                 protocol.Join(player.room, player.name).encode())
             player.joined_at = now
             self.players.append(player)
             self.by_fd[player.fd] = player
@@ -308,22 +284,12 @@ class LoadGen:
 
     def _on_frame(self, player: Player, payload: bytes, now: float) -> None:
         number = frame_number(payload)
-        if number < 0:
+        was_running = player.running
+        inputs_due = player.on_frame(number)
+        if not inputs_due:
             return
-        last = player.last
-        if number <= last:
-            player.duplicates += 1
-            return
-        if number != last + 1 and last >= 0:
-            player.gaps += number - last - 1
-        player.last = number
-        player.frames += 1
-        if not player.running:
-            player.running = True
+        if not was_running:
             player.running_at = now
-            # Inputs for the first frames, before any frame told us to send them.
-            for ahead in range(1, self.input_delay):
-                self._send_input(player, number + ahead)
         if self.verify_every and number % self.verify_every == 0:
             expected = player.pending_inputs.pop(number, None)
             if expected is not None:
@@ -336,12 +302,12 @@ class LoadGen:
                     inputs = []
                 if not (0 <= player.slot < len(inputs) and inputs[player.slot] == expected):
                     player.inputs_missing += 1
-        self._send_input(player, number + self.input_delay)
+        for frame in inputs_due:
+            self._send_input(player, frame)
 
     def _send_input(self, player: Player, frame: int) -> None:
-        payload = struct.pack("<IIQ", player.index, frame, frame * 2654435761 & 0xFFFFFFFFFFFFFFFF)
-        data = msgpack.packb((protocol.INPUT, frame, payload, player.last), use_bin_type=True)
-        if player.endpoint.send(player.peer, protocol.STREAM, data):
+        payload = player.input_payload(frame)
+        if player.endpoint.send(player.peer, protocol.STREAM, player.input_message(frame, payload)):
             player.inputs_sent += 1
             if self.verify_every and frame % self.verify_every == 0:
                 player.pending_inputs[frame] = payload
@@ -396,18 +362,9 @@ class LoadGen:
         """Figures since window_start: lost frames, gaps, the loader's own CPU."""
         if self.window_started is None:
             raise RuntimeError("window_end without window_start")
-        now = time.monotonic()
-        seconds = now - self.window_started
+        seconds = time.monotonic() - self.window_started
         expected = seconds * self.tick_rate
-        lost = short_players = 0
-        worst = 0.0
-        for player in self.players:
-            received = player.frames - player.window_frames
-            shortfall = expected - received
-            worst = max(worst, shortfall)
-            if shortfall > LOST_TOLERANCE_FRAMES:
-                lost += int(shortfall - LOST_TOLERANCE_FRAMES)
-                short_players += 1
+        lost, short_players, worst = window_shortfall(self.players, expected)
         end = self.counts()
         base = self._window_base
         delta = {key: end[key] - base[key] for key in

@@ -20,7 +20,10 @@ import sys
 import time
 import urllib.request
 
-from relay.bot import run_bots
+if __package__ in (None, ""):           # run as a file: import benchmarks as a package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from relay.bot import run_bots  # noqa: E402
 
 
 def free_port(kind: int) -> int:

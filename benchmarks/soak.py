@@ -49,9 +49,10 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __package__ in (None, ""):           # run as a file: import benchmarks as a package
+    sys.path.insert(0, str(ROOT))
 
-from machine import cpu_model, usable_cores  # noqa: E402
+from benchmarks.machine import cpu_model, usable_cores  # noqa: E402
 from relay.client import RelayClient, RelayError  # noqa: E402
 from relay.netem import LinkSettings, Netem  # noqa: E402
 from relay_core.token import mint_token  # noqa: E402

@@ -4,8 +4,8 @@ benchmarks/capacity.py measures the whole server over real sockets: its figures 
 kernel's UDP work (about 4 us a player-tick on our machines) and move by +-10 % from run to run
 on a shared machine. This benchmark isolates the part we write and can change: a RelayServer
 (rooms, the compiled core, the server's receive/tick/flush paths) driven in one process with
-in-memory datagrams, by simulated players that behave like benchmarks/loadgen.py's (rooms of 8,
-a 16-byte input for frame N + 2 on every FRAME N). Only the server's calls are timed
+in-memory datagrams, by benchmarks/players.py's simulated players (rooms of 8, a 16-byte input for
+frame N + 2 on every FRAME N, as benchmarks/loadgen.py's). Only the server's calls are timed
 (``time.process_time``); the players' work is not.
 
 Per tick, as the server does it under load:
@@ -27,64 +27,19 @@ import dataclasses
 import gc
 import json
 import os
-import struct
 import sys
 import time
 from typing import Optional
 
-try:                                    # run as a script from a source tree
-    import relay  # noqa: F401
-except ImportError:                     # pragma: no cover
+if __package__ in (None, ""):           # run as a file: import benchmarks as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import msgpack
-
-from relay import protocol
-from relay.client import client_config
+from benchmarks.players import MEMORY_SERVER_ADDRESS, ROOM_SIZE, MemoryPlayer
 from relay.config import RelayConfig
 from relay.logs import configure as configure_logs
 from relay.server import GC_THRESHOLD, RelayServer
-from relay_core import Endpoint, MessageReceived
 
-from loadgen import frame_number       # benchmarks/: the players read frames as loadgen's do
-
-ROOM_SIZE = 8
-INPUT_DELAY = 2
-SERVER_ADDRESS = ("127.0.0.1", 7777)
 PHASES = ("receive", "events", "tick", "flush")
-
-
-class Player:
-    __slots__ = ("index", "endpoint", "peer", "address", "last", "frames")
-
-    def __init__(self, index: int, now: float):
-        self.index = index
-        self.endpoint = Endpoint(client_config())
-        self.peer = self.endpoint.connect(SERVER_ADDRESS, now)
-        self.address = ("127.0.0.2", 10000 + index)
-        self.last = -1
-        self.frames = 0
-        room = f"room-{index // ROOM_SIZE}"
-        self.endpoint.send(self.peer, protocol.CONTROL, protocol.Join(room, f"p{index % ROOM_SIZE}").encode())
-
-    def send_input(self, frame: int) -> None:
-        payload = struct.pack("<IIQ", self.index, frame, frame)
-        self.endpoint.send(self.peer, protocol.STREAM,
-                           msgpack.packb((protocol.INPUT, frame, payload, self.last), use_bin_type=True))
-
-    def on_events(self) -> None:
-        endpoint = self.endpoint
-        while (event := endpoint.next_event()) is not None:
-            if type(event) is MessageReceived and event.channel == protocol.STREAM:
-                number = frame_number(event.payload)
-                if number > self.last:
-                    first = self.last < 0
-                    self.last = number
-                    self.frames += 1
-                    if first:
-                        for ahead in range(1, INPUT_DELAY):
-                            self.send_input(number + ahead)
-                    self.send_input(number + INPUT_DELAY)
 
 
 class Harness:
@@ -100,7 +55,7 @@ class Harness:
         self.endpoint = self.server.endpoint
         self.interval = 1.0 / tick_rate
         self.now = 0.0
-        self.players = [Player(i, self.now) for i in range(players)]
+        self.players = [MemoryPlayer(i, self.now) for i in range(players)]
         self.by_address = {p.address: p for p in self.players}
         self.totals = dict.fromkeys(PHASES, 0.0)
         self.player_ticks = 0
@@ -109,7 +64,7 @@ class Harness:
         by_address = self.by_address
         for data, address in datagrams:
             player = by_address[address]
-            player.endpoint.receive(data, SERVER_ADDRESS, now)
+            player.endpoint.receive(data, MEMORY_SERVER_ADDRESS, now)
         for player in self.players:
             player.on_events()
 

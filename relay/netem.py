@@ -6,10 +6,16 @@ relays both directions, impairing each direction with its own ``LinkSettings``:
 
     up   = client -> server        down = server -> client
 
-Per datagram, in this order: loss (independent, then Gilbert-Elliott burst), the per-client rate
-limiter with its bounded queue, delay + uniform jitter, an extra hold-back for reordering, and
-possibly a duplicate copy with its own jitter. Each direction has its own seeded
-``random.Random``, so for the same seed and the same sequence of datagrams the decisions repeat.
+What happens to each datagram is decided by the link model of ``relay_core.simlink`` (one
+``LossyLink`` per direction, each client with its own rate-limited ``Bottleneck``): loss
+(Gilbert-Elliott burst, then independent), the per-client rate limiter with its bounded queue,
+delay + uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its
+own jitter. This module only adds the sockets, the timers and the command line. Each direction
+has its own seeded model, so for the same seed and the same sequence of datagrams the decisions
+repeat.
+
+``LinkSettings`` are in the command line's units (ms, percent, kbit/s); ``LinkSettings.profile()``
+converts them to the model's (seconds, fractions, bit/s), in that one place.
 
 Library use (tests, benchmarks)::
 
@@ -29,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import dataclasses
-import heapq
 import json
 import math
 import random
@@ -42,11 +46,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from relay_core.simlink import Bottleneck, LinkProfile, LossyLink
+
 __all__ = ["LinkSettings", "Netem", "add_arguments", "main", "run"]
 
-# The rate limiter charges IPv4 + UDP headers too: game datagrams are small, and on a real link
-# the headers are a large share of what a few dozen bytes of payload cost.
-IP_UDP_OVERHEAD_BYTES = 28
 # Asked for on every socket so a burst is not dropped by the kernel before the emulator reads it;
 # the kernel silently caps it at net.core.rmem_max / wmem_max.
 SOCKET_BUFFER_BYTES = 1 << 20
@@ -96,6 +99,15 @@ class LinkSettings:
                 or self.queue_limit < 1:
             raise ValueError(f"LinkSettings.queue_limit={self.queue_limit!r}: an integer >= 1")
 
+    def profile(self) -> LinkProfile:
+        """The same impairments in the link model's units."""
+        return LinkProfile(
+            loss=self.loss / 100.0, burst_enter=self.burst_enter, burst_exit=self.burst_exit,
+            burst_loss=self.burst_loss, delay=self.delay / 1000.0, jitter=self.jitter / 1000.0,
+            duplicate=self.duplicate / 100.0, reorder=self.reorder / 100.0,
+            reorder_delay=self.reorder_delay / 1000.0, rate=self.rate * 1000.0,
+            queue_limit=self.queue_limit)
+
 
 def _check_range(name: str, value: Any, low: float, high: float, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
@@ -108,135 +120,50 @@ def _check_range(name: str, value: Any, low: float, high: float, what: str) -> N
 # One direction of the link
 
 
-class _LinkCounters:
-    __slots__ = ("datagrams_in", "bytes_in", "dropped_loss", "dropped_burst", "dropped_queue",
-                 "duplicated", "delivered", "bytes_delivered", "undeliverable", "cancelled")
+class _DeliveryCounters:
+    __slots__ = ("delivered", "bytes_delivered", "undeliverable", "cancelled")
 
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
 
 
-class _RateQueue:
-    """One client's bottleneck in one direction: datagrams are serialised back to back at the
-    configured rate, and at most ``queue_limit`` of them wait (a drop-tail queue)."""
-
-    __slots__ = ("busy_until", "finish_times")
-
-    def __init__(self) -> None:
-        self.busy_until = 0.0
-        self.finish_times: collections.deque[float] = collections.deque()
-
-    def admit(self, now: float, size: int, settings: LinkSettings) -> Optional[float]:
-        """When this datagram has left the bottleneck, or None if the queue is full."""
-        finish_times = self.finish_times
-        while finish_times and finish_times[0] <= now:
-            finish_times.popleft()
-        if len(finish_times) >= settings.queue_limit:
-            return None
-        start = max(now, self.busy_until)
-        self.busy_until = start + (size + IP_UDP_OVERHEAD_BYTES) * 8 / (settings.rate * 1000.0)
-        finish_times.append(self.busy_until)
-        return self.busy_until
-
-
 class _Link:
-    """Decides the fate of each datagram of one direction and delivers the survivors on time.
+    """One direction: the ``LossyLink`` model decides each datagram's fate and arrival time; this
+    shell feeds it on the monotonic clock and sends what has arrived.
 
-    Pending deliveries live in one heap ordered by (due time, arrival order), with a single
-    ``call_at`` armed for the earliest: no task or timer per datagram, and datagrams due at the
-    same time keep their arrival order.
+    A single ``call_at`` is armed for the model's earliest pending arrival: no task or timer per
+    datagram. All clients of a direction share the model (one seeded sequence of decisions);
+    each client has its own bottleneck, as each would have its own access link.
     """
 
     def __init__(self, name: str, settings: LinkSettings, seed: int, record_decisions: bool,
                  decision_limit: int):
         self.name = name
         self.settings = settings
+        self.recording = record_decisions
         # A string seed is hashed deterministically (unlike a tuple), and differs per direction.
-        self.rng = random.Random(f"relay.netem/{seed}/{name}")
-        self.counters = _LinkCounters()
-        self.in_bad_state = False
-        self.decisions: Optional[list[bool]] = [] if record_decisions else None
-        self.decision_limit = decision_limit
-        self.decisions_omitted = 0
+        self.model = LossyLink(settings.profile(), f"relay.netem/{seed}/{name}",
+                               decision_limit if record_decisions else 0)
+        self.counters = _DeliveryCounters()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.send: Callable[[bytes, "_ClientMapping"], Optional[bool]] = lambda payload, to: False
-        self._pending: list[tuple[float, int, bytes, _ClientMapping]] = []
-        self._order = 0
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_due = 0.0
 
     def set_settings(self, settings: LinkSettings) -> None:
         self.settings = settings
-        if settings.burst_enter == 0.0:
-            # Turning bursts off must not leave the link stuck in a bad state.
-            self.in_bad_state = False
+        self.model.profile = settings.profile()
 
     def offer(self, payload: bytes, mapping: "_ClientMapping") -> None:
-        """A datagram arrived for this direction: drop it, or schedule its delivery (and copy)."""
+        """A datagram arrived for this direction: the model drops or schedules it."""
         now = time.monotonic()
-        settings = self.settings
-        counters = self.counters
-        counters.datagrams_in += 1
-        counters.bytes_in += len(payload)
-        # Always the same seven draws per datagram, whatever the settings: the loss pattern for a
-        # seed then does not shift when delay, duplication or reordering are changed.
-        draw = self.rng.random
-        loss_draw, state_draw, burst_draw = draw(), draw(), draw()
-        jitter_draw, reorder_draw, duplicate_draw, copy_jitter_draw = draw(), draw(), draw(), draw()
-
-        # Gilbert-Elliott as tc netem runs it: move between states first, then lose by state.
-        if self.in_bad_state:
-            if state_draw < settings.burst_exit:
-                self.in_bad_state = False
-        elif state_draw < settings.burst_enter:
-            self.in_bad_state = True
-        if self.in_bad_state and burst_draw < settings.burst_loss:
-            counters.dropped_burst += 1
-            self._decide(True)
-            return
-        if loss_draw * 100.0 < settings.loss:
-            counters.dropped_loss += 1
-            self._decide(True)
-            return
-
-        leaves_at = now
-        if settings.rate > 0.0:
-            finish = mapping.rate_queues[self.name].admit(now, len(payload), settings)
-            if finish is None:
-                counters.dropped_queue += 1
-                self._decide(True)
-                return
-            leaves_at = finish
-        self._decide(False)
-
-        arrives_at = leaves_at + settings.delay / 1000.0
-        due = arrives_at + settings.jitter / 1000.0 * jitter_draw
-        if reorder_draw * 100.0 < settings.reorder:
-            due += settings.reorder_delay / 1000.0
-        self._schedule(due, now, payload, mapping)
-        if duplicate_draw * 100.0 < settings.duplicate:
-            counters.duplicated += 1
-            self._schedule(arrives_at + settings.jitter / 1000.0 * copy_jitter_draw, now,
-                           payload, mapping)
-
-    def _decide(self, dropped: bool) -> None:
-        if self.decisions is None:
-            return
-        if len(self.decisions) < self.decision_limit:
-            self.decisions.append(dropped)
-        else:
-            self.decisions_omitted += 1
-
-    def _schedule(self, due: float, now: float, payload: bytes, mapping: "_ClientMapping") -> None:
-        pending = self._pending
-        if due <= now and (not pending or pending[0][0] > due):
-            # Nothing is due before it: an unimpaired datagram skips the heap and the timer.
-            self.deliver(payload, mapping)
-            return
-        self._order += 1
-        heapq.heappush(pending, (due, self._order, payload, mapping))
-        if self._timer is None or due < self._timer_due:
+        self.model.send(payload, now, mapping, mapping.bottlenecks[self.name])
+        # An unimpaired datagram is due at once: sent now, without waiting for the timer.
+        for due_payload, due_mapping in self.model.routed_arrivals(now):
+            self.deliver(due_payload, due_mapping)
+        due = self.model.next_arrival()
+        if due is not None and (self._timer is None or due < self._timer_due):
             self._arm(due, now)
 
     def _arm(self, due: float, now: float, min_wait: float = 0.0) -> None:
@@ -250,15 +177,13 @@ class _Link:
 
     def _on_timer(self) -> None:
         self._timer = None
-        pending = self._pending
         now = time.monotonic()
-        delivered_any = False
-        while pending and pending[0][0] <= now:
-            _, _, payload, mapping = heapq.heappop(pending)
+        arrived = self.model.routed_arrivals(now)
+        for payload, mapping in arrived:
             self.deliver(payload, mapping)
-            delivered_any = True
-        if pending:
-            self._arm(pending[0][0], now, 0.0 if delivered_any else MIN_REARM_SECONDS)
+        due = self.model.next_arrival()
+        if due is not None:
+            self._arm(due, now, 0.0 if arrived else MIN_REARM_SECONDS)
 
     def deliver(self, payload: bytes, mapping: "_ClientMapping") -> None:
         sent = self.send(payload, mapping)
@@ -275,36 +200,40 @@ class _Link:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return self.model.in_flight
+
+    @property
+    def decisions(self) -> list[bool]:
+        return self.model.counters.drop_decisions
 
     def cancel_pending(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.counters.cancelled += len(self._pending)
-        self._pending.clear()
+        self.counters.cancelled += self.model.discard_in_flight()
 
     def stats(self, include_decisions: bool) -> dict[str, Any]:
+        m = self.model.counters
         c = self.counters
         out: dict[str, Any] = {
-            "datagrams_in": c.datagrams_in,
-            "bytes_in": c.bytes_in,
-            "dropped": c.dropped_loss + c.dropped_burst + c.dropped_queue,
-            "dropped_loss": c.dropped_loss,
-            "dropped_burst": c.dropped_burst,
-            "dropped_queue": c.dropped_queue,
-            "duplicated": c.duplicated,
+            "datagrams_in": m.sent,
+            "bytes_in": m.bytes_sent,
+            "dropped": m.dropped,
+            "dropped_loss": m.dropped_loss,
+            "dropped_burst": m.dropped_burst,
+            "dropped_queue": m.dropped_queue,
+            "duplicated": m.duplicated,
             "delivered": c.delivered,
             "bytes_delivered": c.bytes_delivered,
             "in_flight": self.in_flight,
             "undeliverable": c.undeliverable,
             "cancelled": c.cancelled,
         }
-        if self.decisions is not None:
-            out["decisions_recorded"] = len(self.decisions)
-            out["decisions_omitted"] = self.decisions_omitted
+        if self.recording:
+            out["decisions_recorded"] = len(m.drop_decisions)
+            out["decisions_omitted"] = m.decisions_omitted
             if include_decisions:
-                out["decisions"] = list(self.decisions)
+                out["decisions"] = list(m.drop_decisions)
         return out
 
 
@@ -316,7 +245,7 @@ class _ClientMapping:
     """One client address and the upstream socket that stands for it."""
 
     __slots__ = ("client_address", "upstream_local_address", "transport", "attach_task",
-                 "waiting", "last_activity", "closed", "rate_queues", "socket_closed")
+                 "waiting", "last_activity", "closed", "bottlenecks", "socket_closed")
 
     def __init__(self, client_address: Address, upstream_local_address: Address, now: float,
                  socket_closed: asyncio.Future):
@@ -328,7 +257,7 @@ class _ClientMapping:
         self.waiting: list[bytes] = []
         self.last_activity = now
         self.closed = False
-        self.rate_queues = {"up": _RateQueue(), "down": _RateQueue()}
+        self.bottlenecks = {"up": Bottleneck(), "down": Bottleneck()}
         self.socket_closed = socket_closed
 
 
@@ -557,7 +486,7 @@ class Netem:
         """Per datagram of ``direction`` ("up"/"down"), in arrival order: was it dropped?
         Needs ``record_decisions=True``; all clients of a direction share one sequence."""
         link = self._link(direction)
-        if link.decisions is None:
+        if not link.recording:
             raise RuntimeError("drop decisions are recorded only with record_decisions=True")
         return list(link.decisions)
 

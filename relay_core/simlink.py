@@ -1,82 +1,218 @@
-"""Deterministic in-memory links for driving endpoints without sockets.
+"""Deterministic link model: what a path does to each datagram, without sockets or clocks.
 
-``LossyLink`` is one direction of a path with seeded loss, delay, jitter, reordering and
-duplication. ``LinkedPair`` joins a server and a client endpoint with two links and a simulated
-clock, so tests and benchmarks can run thousands of exchanges at any simulated speed and get the
-same result for the same seed.
+``LossyLink`` is one direction of a path. Per datagram, in this order: loss (Gilbert-Elliott
+burst, then independent), a rate-limited bottleneck with a bounded drop-tail queue, delay +
+uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its own
+jitter. The caller passes the time in and pulls the datagrams that have arrived, so the same
+model runs in simulated time (``LinkedPair``, benchmarks) and behind real sockets
+(``relay.netem``, which only adds timers and sockets around it).
+
+Units, everywhere in this module: times in seconds, probabilities as fractions 0..1, sizes in
+bytes, rates in bits per second (IP/UDP headers counted, ``IP_UDP_OVERHEAD_BYTES``).
+
+Every datagram offered consumes the same seven draws from the link's seeded ``random.Random``,
+whatever the profile: so for a seed the i-th datagram's loss draw is fixed, the loss pattern
+does not shift when delay, jitter, reordering or duplication change, and raising ``loss`` only
+adds drops to those of a lower rate.
+
+``LinkedPair`` joins a server and a client endpoint with two links and a simulated clock, so
+tests and benchmarks can run thousands of exchanges at any simulated speed and get the same
+result for the same seed.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from relay_core.config import EndpointConfig
 from relay_core.endpoint import Endpoint
 
+# The rate limiter charges IPv4 + UDP headers too: game datagrams are small, and on a real link
+# the headers are a large share of what a few dozen bytes of payload cost.
+IP_UDP_OVERHEAD_BYTES = 28
+
 
 @dataclass
 class LinkProfile:
+    """Impairments of one direction; seconds, probabilities 0..1, bits per second."""
+
     loss: float = 0.0
-    """Probability that a datagram is dropped."""
+    """Probability that a datagram is dropped, independently of the others."""
+    burst_enter: float = 0.0
+    """Gilbert-Elliott: probability per datagram to go from the good to the bad state (0 = off)."""
+    burst_exit: float = 0.25
+    """Gilbert-Elliott: probability per datagram to leave the bad state (mean stay 1/burst_exit)."""
+    burst_loss: float = 1.0
+    """Gilbert-Elliott: probability that a datagram is lost while in the bad state."""
     delay: float = 0.0
     """Base one-way delay, seconds."""
     jitter: float = 0.0
     """Extra delay drawn uniformly from [0, jitter] per datagram (reorders when > send spacing)."""
     duplicate: float = 0.0
-    """Probability that a datagram is delivered twice."""
+    """Probability that a datagram is delivered twice; the copy gets its own jitter, no
+    reordering hold-back and no bottleneck time."""
     reorder: float = 0.0
     """Probability that a datagram is held back by an extra ``reorder_delay``."""
     reorder_delay: float = 0.02
+    """Hold-back of a reordered datagram, seconds."""
+    rate: float = 0.0
+    """Bottleneck bandwidth, bits per second, IP/UDP headers counted; 0 = unlimited."""
+    queue_limit: int = 1000
+    """Datagrams the bottleneck holds (including the one being sent); more are dropped."""
 
 
 @dataclass
 class LinkCounters:
     sent: int = 0
-    dropped: int = 0
-    duplicated: int = 0
+    """Datagrams offered to the link."""
     bytes_sent: int = 0
+    dropped: int = 0
+    """dropped_loss + dropped_burst + dropped_queue."""
+    dropped_loss: int = 0
+    dropped_burst: int = 0
+    dropped_queue: int = 0
+    duplicated: int = 0
     drop_decisions: list = field(default_factory=list)
-    """True/False per datagram offered, in order: the emulator's actual drop decisions."""
+    """True/False per datagram offered, in order: the emulator's actual drop decisions (up to
+    the link's ``decision_limit``)."""
+    decisions_omitted: int = 0
+    """Decisions past ``decision_limit``, not recorded."""
+
+
+class Bottleneck:
+    """A rate-limited hop: datagrams are serialised back to back at the profile's rate, and at
+    most ``queue_limit`` of them wait (a drop-tail queue). A link has one of its own; a caller
+    that shares a link among several paths (netem: one per client) passes one per path."""
+
+    __slots__ = ("busy_until", "finish_times")
+
+    def __init__(self) -> None:
+        self.busy_until = 0.0
+        self.finish_times: collections.deque[float] = collections.deque()
+
+    def admit(self, now: float, size: int, profile: LinkProfile) -> Optional[float]:
+        """When this datagram has left the bottleneck, or None if the queue is full."""
+        finish_times = self.finish_times
+        while finish_times and finish_times[0] <= now:
+            finish_times.popleft()
+        if len(finish_times) >= profile.queue_limit:
+            return None
+        start = max(now, self.busy_until)
+        self.busy_until = start + (size + IP_UDP_OVERHEAD_BYTES) * 8 / profile.rate
+        finish_times.append(self.busy_until)
+        return self.busy_until
 
 
 class LossyLink:
-    """One direction of a simulated path; deterministic for a given seed."""
+    """One direction of a simulated path; deterministic for a given seed (an int or a str).
 
-    def __init__(self, profile: LinkProfile, seed: int):
+    ``profile`` may be replaced at any time; it applies to datagrams offered from then on.
+    ``decision_limit`` caps the recorded drop decisions (None: all, 0: none), so a long-running
+    emulator does not grow without bound.
+    """
+
+    def __init__(self, profile: LinkProfile, seed: Union[int, str],
+                 decision_limit: Optional[int] = None):
         self.profile = profile
         self.rng = random.Random(seed)
         self.counters = LinkCounters()
-        self._in_flight: list[tuple[float, int, bytes]] = []
+        self.decision_limit = decision_limit
+        self.bottleneck = Bottleneck()
+        self.in_bad_state = False
+        self._in_flight: list[tuple[float, int, bytes, Any]] = []
         self._order = 0
 
-    def send(self, datagram: bytes, now: float) -> None:
+    def send(self, datagram: bytes, now: float, route: Any = None,
+             bottleneck: Optional[Bottleneck] = None) -> None:
+        """Offer a datagram at ``now``: drop it, or schedule its arrival (and its copy's).
+        ``route`` is handed back with it by ``routed_arrivals``; ``bottleneck`` is the rate
+        limiter it passes through (default: the link's own)."""
         p = self.profile
-        self.counters.sent += 1
-        self.counters.bytes_sent += len(datagram)
-        dropped = self.rng.random() < p.loss
-        self.counters.drop_decisions.append(dropped)
-        if dropped:
-            self.counters.dropped += 1
+        counters = self.counters
+        counters.sent += 1
+        counters.bytes_sent += len(datagram)
+        draw = self.rng.random
+        loss_draw, state_draw, burst_draw = draw(), draw(), draw()
+        jitter_draw, reorder_draw, duplicate_draw, copy_jitter_draw = draw(), draw(), draw(), draw()
+
+        # Gilbert-Elliott as tc netem runs it: move between states first, then lose by state.
+        if p.burst_enter == 0.0:
+            self.in_bad_state = False  # bursts turned off must not leave the link stuck bad
+        elif self.in_bad_state:
+            if state_draw < p.burst_exit:
+                self.in_bad_state = False
+        elif state_draw < p.burst_enter:
+            self.in_bad_state = True
+        if self.in_bad_state and burst_draw < p.burst_loss:
+            counters.dropped_burst += 1
+            self._decide(True)
             return
-        copies = 2 if self.rng.random() < p.duplicate else 1
-        self.counters.duplicated += copies - 1
-        for _ in range(copies):
-            arrival = now + p.delay + self.rng.uniform(0.0, p.jitter)
-            if self.rng.random() < p.reorder:
-                arrival += p.reorder_delay
-            self._order += 1
-            heapq.heappush(self._in_flight, (arrival, self._order, datagram))
+        if loss_draw < p.loss:
+            counters.dropped_loss += 1
+            self._decide(True)
+            return
+
+        leaves_at = now
+        if p.rate > 0.0:
+            finish = (bottleneck or self.bottleneck).admit(now, len(datagram), p)
+            if finish is None:
+                counters.dropped_queue += 1
+                self._decide(True)
+                return
+            leaves_at = finish
+        self._decide(False)
+
+        arrives_at = leaves_at + p.delay
+        due = arrives_at + p.jitter * jitter_draw
+        if reorder_draw < p.reorder:
+            due += p.reorder_delay
+        self._schedule(due, datagram, route)
+        if duplicate_draw < p.duplicate:
+            counters.duplicated += 1
+            self._schedule(arrives_at + p.jitter * copy_jitter_draw, datagram, route)
+
+    def _decide(self, dropped: bool) -> None:
+        counters = self.counters
+        if dropped:
+            counters.dropped += 1
+        limit = self.decision_limit
+        if limit is None or len(counters.drop_decisions) < limit:
+            counters.drop_decisions.append(dropped)
+        else:
+            counters.decisions_omitted += 1
+
+    def _schedule(self, due: float, datagram: bytes, route: Any) -> None:
+        # (due, offer order): datagrams due at the same time keep the order they were offered in.
+        self._order += 1
+        heapq.heappush(self._in_flight, (due, self._order, datagram, route))
+
+    def routed_arrivals(self, now: float) -> list[tuple[bytes, Any]]:
+        """(datagram, route) of everything due by ``now``, in arrival order."""
+        out = []
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0] <= now:
+            _, _, datagram, route = heapq.heappop(in_flight)
+            out.append((datagram, route))
+        return out
 
     def arrivals(self, now: float) -> list[bytes]:
-        out = []
-        while self._in_flight and self._in_flight[0][0] <= now:
-            out.append(heapq.heappop(self._in_flight)[2])
-        return out
+        return [datagram for datagram, _ in self.routed_arrivals(now)]
 
     def next_arrival(self) -> Optional[float]:
         return self._in_flight[0][0] if self._in_flight else None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def discard_in_flight(self) -> int:
+        """Forget every datagram not yet arrived; returns how many there were."""
+        count = len(self._in_flight)
+        self._in_flight.clear()
+        return count
 
 
 class LinkedPair:

@@ -1,7 +1,7 @@
 """The capacity benchmark's parts work: the C echo echoes, the load generators play without
 losing frames, the ENet peer relay serves a room, and the report has its structure.
 
-Benchmarks are run as programs (never imported, see benchmarks/README.md) and no figure is
+The benchmarks run here as programs, as capacity.py runs them, and no figure is
 compared with a threshold: only correctness (echoes, frames in order without loss) and shape.
 """
 from __future__ import annotations

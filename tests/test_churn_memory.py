@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import sys
 import tracemalloc
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from tick_cost import ROOM_SIZE, SERVER_ADDRESS, Player  # noqa: E402  (simulated players)
-
-from relay.config import RelayConfig  # noqa: E402
-from relay.server import RelayServer  # noqa: E402
+from benchmarks.players import MEMORY_SERVER_ADDRESS, ROOM_SIZE, MemoryPlayer
+from relay.config import RelayConfig
+from relay.server import RelayServer
 
 TICK = 1 / 30
 
@@ -38,7 +33,7 @@ class Churn:
         self.now = 0.0
         self.serial = 0
 
-    def step(self, players: list[Player]) -> None:
+    def step(self, players: list[MemoryPlayer]) -> None:
         arrival = self.now + TICK / 2
         batch = [(data, p.address) for p in players
                  for data, _ in p.endpoint.datagrams_to_send(arrival)]
@@ -49,13 +44,14 @@ class Churn:
         by_address = {p.address: p for p in players}
         for data, address in self.endpoint.datagrams_to_send(self.now):
             if address in by_address:
-                by_address[address].endpoint.receive(data, SERVER_ADDRESS, self.now + 0.001)
+                by_address[address].endpoint.receive(data, MEMORY_SERVER_ADDRESS,
+                                                     self.now + 0.001)
         for player in players:
             player.on_events()
 
     def cycle(self, rooms: int = 2) -> None:
-        # Fresh players (new addresses, new room names, as tick_cost numbers them).
-        players = [Player(self.serial + i, self.now) for i in range(rooms * ROOM_SIZE)]
+        # Fresh players (new addresses, new room names, as benchmarks.players numbers them).
+        players = [MemoryPlayer(self.serial + i, self.now) for i in range(rooms * ROOM_SIZE)]
         self.serial += len(players)
         for _ in range(90):
             self.step(players)

@@ -17,14 +17,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import adapters  # noqa: E402
-from benchmarks.loss_latency import (  # noqa: E402
+from benchmarks import adapters
+from benchmarks.loss_latency import (
     Datagram, datagram_fates, evaluate_targets, percentile, redundancy_limit, summarize,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # --------------------------------------------------------------------------------------------
 # Statistics
