@@ -80,9 +80,9 @@ class RoomCore:
 
 class InputRouter(MessageSink):
     peer_room: dict[int, str]
-    rooms: dict[str, RoomCore]
+    rooms: dict[str, Any]               # room id -> relay.room.Room (a RoomCore)
     outcomes: dict[str, int]
     refusals: list[tuple[int, str]]
-    def __init__(self, peer_room: dict[int, str], rooms: dict[str, RoomCore]) -> None: ...
+    def __init__(self, peer_room: dict[int, str], rooms: dict[str, Any]) -> None: ...
     def route(self, endpoint: Endpoint, on_other: Callable[[Event, float], object],
               on_refused: Callable[[int, str], object], now: float) -> int: ...
