@@ -88,6 +88,8 @@ async def run_bot(host: str, port: int, room: str, player: str, ledger: RoomLedg
         report.error = str(error)
         return report
     loop = asyncio.get_running_loop()
+    # connect() returns once welcomed, and a bot joins as a player: it has a slot.
+    assert client.welcome is not None and client.welcome.slot is not None
     slot = client.welcome.slot
     sent_at: dict[int, tuple[float, bytes]] = {}
     expected = 0
@@ -105,6 +107,7 @@ async def run_bot(host: str, port: int, room: str, player: str, ledger: RoomLedg
 
     try:
         await client.wait_for_state("running", timeout=start_timeout)
+        assert client.welcome is not None
         start = client.welcome.next_frame
         for ahead in range(input_delay):
             send(start + ahead)

@@ -196,6 +196,8 @@ def _bench_module(name: str):
     if not path.exists():
         return None
     spec = importlib.util.spec_from_file_location(f"relay_bench_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module         # dataclasses look their module up while it loads
     spec.loader.exec_module(module)

@@ -103,14 +103,16 @@ class RelayClient:
                  config: Optional[EndpointConfig] = None, input_delay: int = 2,
                  auto_input_delay: bool = False, token: "ConnectToken | str | None" = None):
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-        self.server_address = address[:2]
+        self.server_address: tuple[str, int] = (str(address[0]), int(address[1]))
         self.token = self._check_token(token)
         """The connect token of the next connection (a token-mode relay needs one, single-use)."""
         # A token names its room and player; the relay refuses a JOIN naming others.
-        self.room = room if room is not None else (self.token.room if self.token else None)
-        self.player = player if player is not None else (self.token.player if self.token else None)
-        if self.room is None or self.player is None:
+        room = room if room is not None else (self.token.room if self.token else None)
+        player = player if player is not None else (self.token.player if self.token else None)
+        if room is None or player is None:
             raise ValueError("room and player are required (or a token, which names them)")
+        self.room: str = room
+        self.player: str = player
         self.spectator = spectator
         self.config = config or client_config()
         self.welcome: Optional[Welcome] = None
@@ -173,14 +175,14 @@ class RelayClient:
         raise TypeError(f"token: a ConnectToken, its text or None, not {type(token).__name__}")
 
     async def _open(self, timeout: float) -> None:
-        self.endpoint = Endpoint(self.config)
+        self.endpoint = endpoint = Endpoint(self.config)
         self.welcome = None
         family_host = "::" if ":" in self.server_address[0] else "0.0.0.0"
-        self.driver = await open_driver(self.endpoint, (family_host, 0), self._on_events)
+        self.driver = driver = await open_driver(endpoint, (family_host, 0), self._on_events)
         self._ready.clear()
-        self.peer_id = self.endpoint.connect(self.server_address, self.driver.now(), token=self.token)
-        self.endpoint.send(self.peer_id, CONTROL, Join(self.room, self.player, self.spectator).encode())
-        self.driver.flush()
+        self.peer_id = endpoint.connect(self.server_address, driver.now(), token=self.token)
+        endpoint.send(self.peer_id, CONTROL, Join(self.room, self.player, self.spectator).encode())
+        driver.flush()
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except asyncio.TimeoutError:
@@ -192,10 +194,13 @@ class RelayClient:
 
     def _hang_up(self) -> None:
         """Close without waiting: say goodbye if connected, so the relay frees the slot now."""
-        if self.endpoint.is_connected(self.peer_id):
-            self.endpoint.disconnect(self.peer_id, "closed")
-            self.driver.flush()
-        self.driver.close()
+        live = self._connection()
+        if live is not None:
+            endpoint, driver, peer_id = live
+            endpoint.disconnect(peer_id, "closed")
+            driver.flush()
+        if self.driver is not None:
+            self.driver.close()
 
     async def reconnect(self, timeout: float = 5.0,
                         token: "ConnectToken | str | None" = None) -> None:
@@ -213,12 +218,14 @@ class RelayClient:
         """Leave the room (if ``leave``) and disconnect gracefully."""
         if self.driver is None or self.endpoint is None:
             return
-        if self.endpoint.is_connected(self.peer_id):
+        live = self._connection()
+        if live is not None:
+            endpoint, driver, peer_id = live
             if leave:
-                self.endpoint.send(self.peer_id, CONTROL, protocol.pack(protocol.LEAVE))
-                self.driver.flush()
-            self.endpoint.disconnect(self.peer_id, "closed")
-            self.driver.flush()
+                endpoint.send(peer_id, CONTROL, protocol.pack(protocol.LEAVE))
+                driver.flush()
+            endpoint.disconnect(peer_id, "closed")
+            driver.flush()
         self.driver.close()
         self._frame_ready.set()
 
@@ -238,10 +245,12 @@ class RelayClient:
     def send_input(self, frame: int, payload: bytes) -> bool:
         """Queue our input for ``frame``; it goes out with the next datagram on the redundant
         channel, which repeats it while the link is losing packets until it is acknowledged."""
-        if not self._live():
+        live = self._connection()
+        if live is None:
             return False
-        sent = self.endpoint.send(self.peer_id, STREAM, Input(frame, payload, self.have).encode())
-        self.driver.request_flush()
+        endpoint, driver, peer_id = live
+        sent = endpoint.send(peer_id, STREAM, Input(frame, payload, self.have).encode())
+        driver.request_flush()
         if sent:
             self.last_input_frame = max(self.last_input_frame, frame)
         return sent
@@ -272,17 +281,29 @@ class RelayClient:
 
     def report_checksum(self, frame: int, value: int) -> None:
         """Report a hash of the game state after simulating ``frame`` (desync detection)."""
-        if self._live():
-            self.endpoint.send(self.peer_id, CONTROL, Checksum(frame, value & 0xFFFFFFFFFFFFFFFF).encode())
-            self.driver.request_flush()
+        live = self._connection()
+        if live is not None:
+            endpoint, driver, peer_id = live
+            endpoint.send(peer_id, CONTROL, Checksum(frame, value & 0xFFFFFFFFFFFFFFFF).encode())
+            driver.request_flush()
 
     def ready(self) -> None:
-        if self._live():
-            self.endpoint.send(self.peer_id, CONTROL, protocol.pack(protocol.READY))
-            self.driver.request_flush()
+        live = self._connection()
+        if live is not None:
+            endpoint, driver, peer_id = live
+            endpoint.send(peer_id, CONTROL, protocol.pack(protocol.READY))
+            driver.request_flush()
+
+    def _connection(self) -> Optional[tuple[Endpoint, EndpointDriver, int]]:
+        """(endpoint, driver, peer id) while connected, else None."""
+        if self.endpoint is None or self.driver is None or self.peer_id is None:
+            return None
+        if not self.endpoint.is_connected(self.peer_id):
+            return None
+        return self.endpoint, self.driver, self.peer_id
 
     def _live(self) -> bool:
-        return self.endpoint is not None and self.peer_id is not None and self.endpoint.is_connected(self.peer_id)
+        return self._connection() is not None
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -329,7 +350,8 @@ class RelayClient:
         return self._error
 
     def stats(self) -> ClientStats:
-        core = self.endpoint.peer_stats(self.peer_id) if self._live() else None
+        live = self._connection()
+        core = live[0].peer_stats(live[2]) if live is not None else None
         return ClientStats(
             rtt=core.rtt if core else 0.0, rtt_variance=core.rtt_variance if core else 0.0,
             loss=core.loss if core else 0.0, frames_received=self._frames_received,
@@ -339,19 +361,20 @@ class RelayClient:
             bytes_sent=core.bytes_sent if core else 0, bytes_received=core.bytes_received if core else 0)
 
     def _on_events(self, now: float) -> None:
+        if self.endpoint is None:
+            return
         while (event := self.endpoint.next_event()) is not None:
-            kind = type(event)
-            if kind is MessageReceived:
+            if type(event) is MessageReceived:
                 self._on_message(event.channel, event.payload)
-            elif kind is BlockReceived:
+            elif type(event) is BlockReceived:
                 self._on_history(event.data)
-            elif kind is PeerDisconnected:
+            elif type(event) is PeerDisconnected:
                 if self._error is None:
                     self._error = _disconnect_error(event.reason)
                 self._ready.set()
                 self._frame_ready.set()
                 self._state_changed.set()
-            elif kind is PeerConnected:
+            elif type(event) is PeerConnected:
                 pass
 
     def _on_message(self, channel: int, payload: bytes) -> None:

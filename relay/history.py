@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 from array import array
-from typing import Optional, Union
+from typing import IO, Optional, Union
 
 from relay.logs import get_logger
 from relay.protocol import get_varint, put_varint
@@ -50,7 +50,7 @@ class FrameHistory:
         self.directory = directory
         self._chunk_ends = array("Q")       # spool offset after each spilled chunk
         self._recent: list[bytes] = []      # frames self._spilled_count() .. len(self) - 1
-        self._file = None
+        self._file: Optional[IO[bytes]] = None
         self._memory: Optional[bytearray] = None    # the spool when the file failed
         self._size = 0                      # bytes spooled
         self._spill_at = self.keep + SPILL_FRAMES   # len(self._recent) that triggers a spill
@@ -115,6 +115,7 @@ class FrameHistory:
     def _read(self, start: int, end: int) -> bytes:
         if self._memory is not None:
             return bytes(self._memory[start:end])
+        assert self._file is not None       # spilled frames are in the file or in _memory
         data = os.pread(self._file.fileno(), end - start, start)
         if len(data) != end - start:
             raise OSError(f"frame history file is short ({len(data)} of {end - start} bytes)")
@@ -165,7 +166,7 @@ class FrameHistory:
             return NotImplemented
         return len(other) == len(self) and list(self) == other
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, like list
 
     def __repr__(self) -> str:
         return (f"FrameHistory({len(self)} frames, {len(self._recent)} in memory, "

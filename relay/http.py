@@ -33,13 +33,16 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn
 
 from aiohttp import web
 
 from relay.errors import RelayError
 from relay.lobby import ROOM_OPTION_TYPES
 from relay.protocol import MAX_NAME_LENGTH
+
+if TYPE_CHECKING:
+    from relay.metrics import Metrics
 
 log = logging.getLogger("relay.http")
 
@@ -51,8 +54,9 @@ PUBLIC_ROUTES = frozenset({"health", "ready", "metrics"})
 """Route names that stay open when admin authentication exists (probes and scrapes)."""
 
 SERVER_KEY = web.AppKey("server", object)
-METRICS_KEY = web.AppKey("metrics", object)
-AUTH_KEY = web.AppKey("auth", object)
+# Typed by annotation: their classes are defined below (AdminAuth) or imported only for typing.
+METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics")
+AUTH_KEY: web.AppKey[AdminAuth] = web.AppKey("auth")
 
 AUTH_LOG_INTERVAL = 10.0
 """Seconds between log lines about refused admin requests (each one is counted)."""
@@ -136,7 +140,7 @@ class AdminAuth:
         if not hmac.compare_digest(credentials.encode("utf-8", "surrogateescape"), self._token):
             self._refuse(request, 403, "wrong", "wrong admin token")
 
-    def _refuse(self, request: web.Request, status: int, reason: str, message: str):
+    def _refuse(self, request: web.Request, status: int, reason: str, message: str) -> NoReturn:
         if self._metrics is not None:
             self._metrics.admin_auth_failures.labels(reason=reason).inc()
         now = time.monotonic()

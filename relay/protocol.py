@@ -214,7 +214,7 @@ class Frame:
     def encode(self, previous: Optional[list] = None) -> bytes:
         """The compact FRAME message; ``previous`` is the previous frame's ``inputs`` (None: no
         "same as previous" references, a frame any decoder can read on its own)."""
-        return (_compiled_encode_frame or encode_frame)(self, previous)
+        return (encode_frame if _compiled_encode_frame is None else _compiled_encode_frame)(self, previous)
 
 
 # -- compact frames ---------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def encode_frame(frame: Frame, previous: Optional[list] = None) -> bytes:
     same = bytearray(width)
     synthesized = bytearray(width)
     payloads = bytearray()
-    previous = previous or ()
+    previous = previous or []
     for slot, payload in enumerate(inputs):
         if payload is None:
             continue
@@ -517,4 +517,4 @@ def decode_history(block: bytes, max_size: int = 64 * 1024 * 1024) -> tuple[int,
 try:
     from relay._fastpath import encode_frame as _compiled_encode_frame
 except ImportError:         # not built
-    _compiled_encode_frame = None
+    _compiled_encode_frame = None  # type: ignore[assignment]  # Frame.encode falls back

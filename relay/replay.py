@@ -78,7 +78,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterator, Optional
+from typing import Any, Generator, Iterator, Optional
 
 import msgpack
 
@@ -355,7 +355,7 @@ class ReplayWriter:
     def _fits(self, extra_raw: int) -> bool:
         """Whether ``extra_raw`` more uncompressed bytes surely fit under max_bytes, leaving
         room for the closing records."""
-        return (self._bytes_written + _compressed_bound(self._pending_raw + extra_raw)
+        return self.max_bytes is None or (self._bytes_written + _compressed_bound(self._pending_raw + extra_raw)
                 + self._reserve <= self.max_bytes)
 
     def _make_room(self, size: int) -> bool:
@@ -377,6 +377,7 @@ class ReplayWriter:
 
     def _truncate(self) -> None:
         self._truncated = True
+        assert self.max_bytes is not None       # only a capped writer truncates
         self._feed(_pack(self._truncated_record(self._next, self.max_bytes,
                                                 self._bytes_written)))
         self.flush()
@@ -536,7 +537,7 @@ class _Inflater:
         return len(self.inflater.unused_data) + len(self.file.read(_READ_CHUNK))
 
 
-def _read_records(file, state: _Pass) -> Iterator[Any]:
+def _read_records(file, state: _Pass) -> Generator[Any, None, None]:
     """Yield the records of the zlib stream that follows the magic, streaming. Stops quietly at
     a truncated tail or at corrupt data, saying why in ``state.problem``."""
     inflater = _Inflater(file)
@@ -597,8 +598,8 @@ class ReplayReader:
         if version != self.version:
             raise ReplayError(f"{self.path}: replay header version {version!r} does not match "
                               f"the file's magic (version {self.version})")
-        expected = {"room": str, "tick_rate": int, "players": list, "started_at": (int, float),
-                    "relay_version": str}
+        expected: dict[str, type | tuple[type, ...]] = {
+            "room": str, "tick_rate": int, "players": list, "started_at": (int, float), "relay_version": str}
         for key, kind in expected.items():
             if not isinstance(record.get(key), kind):
                 raise ReplayError(f"{self.path}: corrupt replay header: {key!r} is missing or "

@@ -289,6 +289,7 @@ class Room(RoomCore):
     def kick(self, player: str, now: float) -> Optional[int]:
         """Disconnect a player (its slot stays, as for a timeout); returns its peer id."""
         slot = next((s for s in self.slots if s.player == player), None)
+        peer_id: Optional[int]
         if slot is None:
             member = next((m for m in self.members.values() if m.player == player), None)
             if member is None:
@@ -355,7 +356,7 @@ class Room(RoomCore):
 
     def _advise_input_delay(self, member: Member, now: float) -> None:
         timing = member.timing
-        if timing.samples < ADVICE_MIN_SAMPLES:
+        if timing is None or timing.samples < ADVICE_MIN_SAMPLES:
             return
         settings = self.settings
         interval = 1.0 / self.tick_rate
@@ -442,9 +443,9 @@ class Room(RoomCore):
                                  ADVICE_EVERY_FRAMES)
         if broadcast:
             self.actions.append(Action("broadcast", -1, STREAM, data, peer_ids=broadcast))
-        for frame in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
-            del self.pending_desyncs[frame]
-            self._report_desync(frame, self.checksums.get(frame, {}))
+        for diverging in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
+            del self.pending_desyncs[diverging]
+            self._report_desync(diverging, self.checksums.get(diverging, {}))
         stale = number - self.settings.checksum_window
         if stale >= 0:
             self.checksums.pop(stale, None)

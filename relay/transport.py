@@ -24,7 +24,7 @@ from relay_core import Endpoint
 try:
     from relay import _batchio
 except ImportError:         # not built (a source checkout without build_ext)
-    _batchio = None
+    _batchio = None  # type: ignore[assignment]  # BATCHED_IO says which
 
 BATCHED_IO = _batchio is not None and _batchio.AVAILABLE and sys.platform.startswith("linux")
 """Whether BatchedEndpointDriver can run here (Linux, relay._batchio compiled)."""
@@ -492,4 +492,5 @@ async def open_batched_driver(endpoint: Endpoint, local_addr, on_events,
         except BaseException:
             sock.close()
             raise
+    assert error is not None        # every address was tried and failed to bind
     raise error

@@ -6,7 +6,6 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import relay_core  # noqa: E402
 from relay_core import endpoint  # noqa: E402
 
 # The tests are about the compiled core; a pure-Python stand-in must never pass for it.

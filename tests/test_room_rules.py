@@ -224,7 +224,8 @@ def test_a_response_time_of_exactly_two_frames_is_advised_two_frames():
     settings = RoomSettings(input_delay_margin=0.0)
     harness = Harness(Room("arena", settings, 32, 0.0, start_policy="players", start_players=2,
                            capacity=4))
-    alice, bob = harness.join("alice"), harness.join("bob")
+    alice = harness.join("alice")
+    harness.join("bob")
     for number in range(60):
         closed_at = number / 32
         harness.room.tick(closed_at)

@@ -439,8 +439,8 @@ def main(argv=None) -> int:
                   f"{r.count('timeout'):>8}  {r.score:5.1f} %")
     if args.json:
         args.json.write_text(json.dumps([
-            {"module": r.module, "total": r.total, "eligible": r.eligible, "tested": len(r.mutants), "score": round(r.score, 1),
-             "mutants": [m.__dict__ for m in r.mutants]} for r in results], indent=2))
+            {"module": r.module, "total": r.total, "eligible": r.eligible, "tested": len(r.mutants),
+             "score": round(r.score, 1), "mutants": [m.__dict__ for m in r.mutants]} for r in results], indent=2))
     print("\nPASS" if ok else "\nFAIL")
     return 0 if ok else 1
 

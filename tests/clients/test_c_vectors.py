@@ -63,7 +63,8 @@ def lib(c_build):
     lib.rcv_data_header.argtypes = [c.c_char_p, c.c_uint32, c.c_int, c.c_int, c.c_uint32, c.c_int, c.c_int]
     lib.rcv_message.argtypes = [c.c_char_p, c.c_size_t, c.c_int, c.c_int, c.c_char_p, c.c_size_t]
     lib.rcv_fragment.argtypes = [c.c_char_p, c.c_size_t, c.c_int, c.c_int, c.c_int, c.c_int, c.c_char_p, c.c_size_t]
-    lib.rcv_block_slice.argtypes = [c.c_char_p, c.c_size_t, c.c_int, c.c_int, c.c_int, c.c_uint32, c.c_char_p, c.c_size_t]
+    lib.rcv_block_slice.argtypes = [c.c_char_p, c.c_size_t, c.c_int, c.c_int, c.c_int, c.c_uint32, c.c_char_p,
+                                    c.c_size_t]
     lib.rcv_block_ack.argtypes = [c.c_char_p, c.c_size_t, c.c_int, c.c_int, c.c_char_p, c.c_size_t]
     lib.rcv_seal_data.argtypes = [c.c_char_p, c.c_size_t, c.c_char_p, c.c_ulonglong]
     lib.rcv_token.argtypes = [c.c_char_p, c.c_char_p, c.c_char_p, c.c_char_p, c.c_char_p, c.c_char_p,

@@ -46,7 +46,7 @@ with atheris.instrument_imports(include=["relay_core"]):
     import relay_core.events  # noqa: F401
     import relay_core.simlink  # noqa: F401
     import relay_core.token  # noqa: F401
-    from relay_core import Endpoint, EndpointConfig, MessageReceived, PeerDisconnected
+    from relay_core import Endpoint, EndpointConfig
     from relay_core.wire import DROP_REASONS
 
 import test_fuzz as shared  # noqa: E402
