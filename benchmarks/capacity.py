@@ -165,7 +165,7 @@ def core_shares(before: dict, after: dict, cpu: int, seconds: float) -> dict:
 def udp_snmp() -> dict[str, int]:
     """Kernel UDP counters (RcvbufErrors: datagrams dropped at a full socket buffer)."""
     try:
-        lines = [l for l in Path("/proc/net/snmp").read_text().splitlines() if l.startswith("Udp:")]
+        lines = [line for line in Path("/proc/net/snmp").read_text().splitlines() if line.startswith("Udp:")]
         return dict(zip(lines[0].split()[1:], (int(v) for v in lines[1].split()[1:])))
     except (OSError, IndexError, ValueError):
         return {}
@@ -881,7 +881,8 @@ def format_report(report: dict) -> str:
         lines.append("")
         lines.append(f"{name}: loader {ramp_result['loader_io']}")
         header = (f"  {'players':>7} {'p99 ms':>7} {'>2ms':>6} {'lost':>5} {'server':>7} {'core0':>6} "
-                  f"{'other':>6} {'loader':>7} {'late in':>7} {'dgram in/s':>10} {'out/s':>8} {'B in/s':>9} {'B out/s':>10} "
+                  f"{'other':>6} {'loader':>7} {'late in':>7} {'dgram in/s':>10} {'out/s':>8} {'B in/s':>9} "
+                  f"{'B out/s':>10} "
                   f"{'RSS MiB':>8} {'KiB/pl':>7} {'CCU/core':>8}  result")
         lines.append(header)
         for s in ramp_result["steps"]:

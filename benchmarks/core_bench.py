@@ -264,7 +264,6 @@ class Census:
 def reference_burst(n: int = REF_BURST) -> float:
     """ns per packet of the pure-Python reference: (one header pack + one unpack) / 2."""
     pack, unpack, perf = HEADER.pack, HEADER.unpack, time.perf_counter
-    packed = pack(b"RL", 1, 6, 0x12345678, 1, 2, 0xFFFFFFFF, 3, 4)
     t0 = perf()
     for seq in range(n):
         unpack(pack(b"RL", 1, 6, 0x12345678, seq, seq, 0xFFFFFFFF, seq, seq))
@@ -784,8 +783,8 @@ def main(argv=None) -> int:
     print()
 
     # -- 1s: direct, sealed
-    print(f"1s. sealed: as 1, in token mode: every DATA packet sealed with ChaCha20-Poly1305 "
-          f"(16 B tag), keys from connect tokens")
+    print("1s. sealed: as 1, in token mode: every DATA packet sealed with ChaCha20-Poly1305 "
+          "(16 B tag), keys from connect tokens")
     room = Room(args.players, args.seed, args.ack_delay, sealed=True)
     assert room.server.session_info(room.on_server[0])["encrypted"]
     checker = Checker(args.players)
@@ -861,6 +860,7 @@ def main(argv=None) -> int:
     lines = []
     for name, label, res in (("direct", "no loss", direct),
                              ("lossy", "10% loss 20+-10ms", f)):
+        down, up = res["peer_stats"]["down"], res["peer_stats"]["up"]
         lines.append(
             f"core_bench {name} ({label}): {k_(res['packets_processed_per_s'])} packets/s processed "
             f"({res['us_per_packet']:.2f} us/packet, {res['ratio_to_reference']:.1f}x "
@@ -870,8 +870,8 @@ def main(argv=None) -> int:
             + f"), {k_(res['messages_delivered_per_s'])} msgs/s, "
             f"{res['datagrams_per_link_per_tick']:.2f} datagrams/tick/link, "
             f"{res['avg_datagram_bytes']:.0f} B/datagram, {res['messages_per_datagram']:.2f} msgs/datagram"
-            + (f", resends {res['peer_stats']['down']['resends'] + res['peer_stats']['up']['resends']:,}, "
-               f"redundant {res['peer_stats']['down']['redundant_bytes'] + res['peer_stats']['up']['redundant_bytes']:,} B"
+            + (f", resends {down['resends'] + up['resends']:,}, "
+               f"redundant {down['redundant_bytes'] + up['redundant_bytes']:,} B"
                f", {'PASS' if not res['verify'] else 'FAIL'}")
             + f" [{tag}]")
     lines.append(f"core_bench sealed (no loss, token mode): {k_(sealed['packets_processed_per_s'])} "

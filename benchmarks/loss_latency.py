@@ -847,7 +847,8 @@ async def _main(args: argparse.Namespace, protocols: list[str], links: list[Link
             print(f"  {row['label']:<24} mean {_fmt(c['mean'])} vs {_fmt(s['mean'])}, "
                   f"p50 {_fmt(c['p50'])} vs {_fmt(s['p50'])}, p99 {_fmt(c['p99'])} vs "
                   f"{_fmt(s['p99'])}")
-    print(f"wall time {wall:.0f} s, CPU {cpu:.0f} s ({100 * cpu / wall:.0f} % of one core); wrote {', '.join(written)} in {out}")
+    print(f"wall time {wall:.0f} s, CPU {cpu:.0f} s ({100 * cpu / wall:.0f} % of one core); "
+          f"wrote {', '.join(written)} in {out}")
 
     failures = [r for r in results
                 if r["errors"] or r["order_errors"] or r["corrupt"] or r["duplicates"]
@@ -883,7 +884,7 @@ def run(args: argparse.Namespace) -> int:
           f"loop {args.loop}, load {machine['loadavg']}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()))
     print(f"protocols: {', '.join(protocols)}; links: "
-          f"{', '.join(l.name for l in links)}; loss %: {', '.join(f'{v:g}' for v in losses)}; "
+          f"{', '.join(link.name for link in links)}; loss %: {', '.join(f'{v:g}' for v in losses)}; "
           f"{args.count} x {args.size} B every {args.interval:g} ms; seed {args.seed}",
           flush=True)
     ours = dict(getattr(args, "ours", None) or ())

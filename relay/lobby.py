@@ -438,7 +438,7 @@ class Lobby:
         self.counts["drops", "send_queue_full"] += 1
         self._report(room, "send_queue_full", peer=peer_id,
                      limit=self.config.server.max_pending_messages)
-        if channel == STREAM:
+        if channel == STREAM and room is not None:
             room.on_send_failed(peer_id, "stream")
         else:
             self.endpoint.disconnect(peer_id, "closed")

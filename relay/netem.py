@@ -124,8 +124,7 @@ class _DeliveryCounters:
     __slots__ = ("delivered", "bytes_delivered", "undeliverable", "cancelled")
 
     def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
+        self.delivered = self.bytes_delivered = self.undeliverable = self.cancelled = 0
 
 
 class _Link:
@@ -380,9 +379,9 @@ class Netem:
         except OSError as exc:
             sock.close()
             raise OSError(f"cannot listen on {listen_text}: {exc.strerror or exc}") from exc
-        self._listen_closed = loop.create_future()
+        self._listen_closed = listen_closed = loop.create_future()
         self._listen_transport, _ = await loop.create_datagram_endpoint(
-            lambda: _ListenProtocol(self, self._listen_closed), sock=sock)
+            lambda: _ListenProtocol(self, listen_closed), sock=sock)
         self._started_at = time.monotonic()
         self._schedule_sweep()
 
@@ -403,7 +402,7 @@ class Netem:
                 attaching.append(mapping.attach_task)
             self._close_mapping(mapping)
         self._mappings.clear()
-        if self._listen_transport is not None:
+        if self._listen_transport is not None and self._listen_closed is not None:
             self._listen_transport.close()
             self._closing_sockets.append(self._listen_closed)
         await asyncio.gather(*attaching, return_exceptions=True)

@@ -12,18 +12,20 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import relay
 from relay.agones import AgonesClient
 from relay.config import RelayConfig, is_loopback
-from relay.lobby import Lobby
+from relay.lobby import LOBBY_EVENTS, Lobby
 from relay.logs import get_logger
 from relay.metrics import Metrics
 from relay.recording import ReplayRecorder
 from relay.room import RUNNING, WAITING, Room, RoomEvent
 from relay.scheduler import TickScheduler
-from relay.transport import BATCHED_IO, EndpointDriver, open_batched_driver, open_driver
+from relay.transport import (
+    BATCHED_IO, BatchedEndpointDriver, EndpointDriver, open_batched_driver, open_driver,
+)
 
 READ_INTERVAL = 0.001
 """Seconds between reads of a busy UDP socket: one wake-up per millisecond under load instead of
@@ -90,10 +92,10 @@ class RelayServer:
         self.stopping = False
         self.started_at = time.time()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self.driver: Optional[EndpointDriver] = None
+        self.driver: Optional[EndpointDriver | BatchedEndpointDriver] = None
         self.udp_address: Optional[tuple] = None
         self.http_port: Optional[int] = None
-        self._http_runner = None
+        self._http_runner: Any = None
         self._scheduler: Optional[TickScheduler] = None
         self._stats_task: Optional[asyncio.Task] = None
         self._seen_drops: dict[str, int] = {}
@@ -121,13 +123,19 @@ class RelayServer:
         # READ_INTERVAL (the tick reads what waits before closing frames). Datagrams and bytes
         # are counted by the driver and published with every tick.
         # A read pass flushes the core only when it has output due now; every tick flushes.
-        options = dict(read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER,
-                       max_batches=READ_BATCHES, defer_flush=True) if BATCHED_IO else {}
-        open_udp = open_batched_driver if BATCHED_IO else open_driver
-        self.driver = await open_udp(
-            self.endpoint, (server.udp_host, server.udp_port), self.on_datagrams,
-            on_error=lambda exc: self.log.debug("udp_error", error=str(exc)), **options)
-        self.udp_address = self.driver.transport.get_extra_info("sockname")[:2]
+        address = (server.udp_host, server.udp_port)
+        on_error = lambda exc: self.log.debug("udp_error", error=str(exc))  # noqa: E731
+        driver: EndpointDriver | BatchedEndpointDriver
+        if BATCHED_IO:
+            driver = await open_batched_driver(
+                self.endpoint, address, self.on_datagrams, on_error=on_error,
+                read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER,
+                max_batches=READ_BATCHES, defer_flush=True)
+        else:
+            driver = await open_driver(self.endpoint, address, self.on_datagrams, on_error=on_error)
+        self.driver = driver
+        assert driver.transport is not None     # open: the socket is bound
+        self.udp_address = driver.transport.get_extra_info("sockname")[:2]
         self._http_runner, self.http_port = await start_http(
             self, self.metrics, server.http_host, server.http_port,
             admin_token=self.config.security.load_admin_token(),
@@ -191,6 +199,14 @@ class RelayServer:
 
     # -- the loop's work --------------------------------------------------------------------
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            raise RuntimeError("the server has not been started")
+        return self.loop
+
+    def _now(self) -> float:
+        return self._running_loop().time()
+
     def on_datagrams(self, now: float) -> None:
         """The driver fed the core a batch of datagrams (it flushes after). With ``tick`` it is
         all the loop does, so a server without sockets can be driven by calling both."""
@@ -246,7 +262,11 @@ class RelayServer:
 
     def _observe_event(self, room: Optional[Room], event: RoomEvent) -> None:
         kind, detail = event.kind, event.detail
-        room_id = room.room_id if room is not None else None
+        if kind in LOBBY_EVENTS:
+            self._observe_lobby_event(room, kind, detail)
+            return
+        assert room is not None         # a room's own event
+        room_id = room.room_id
         if kind == "frame":
             self.recorder.frame(room_id, detail["frame"], detail["data"])
         elif kind == "checksum":
@@ -261,7 +281,20 @@ class RelayServer:
             self.log.warning("desync", room=room_id, frame=detail["frame"],
                              checksums=detail["checksums"], minority=detail["minority"],
                              verdict=detail["verdict"])
-        elif kind in ("peer_connected", "message_dropped"):
+        else:
+            # The room's lifecycle and membership: joined, reconnected, left, started, ended...
+            if kind == "started":
+                self.recorder.open(room_id, [slot.player for slot in room.slots])
+            elif kind == "ended":
+                self.recorder.close(room_id, detail["reason"])
+            elif kind == "reconnected":
+                self.metrics.joins.labels(outcome="reconnected").inc()
+            self._mirror_to_agones(room, event)
+            self.log.info(kind, room=room_id, **detail)
+
+    def _observe_lobby_event(self, room: Optional[Room], kind: str, detail: dict) -> None:
+        room_id = room.room_id if room is not None else None
+        if kind in ("peer_connected", "message_dropped"):
             self.log.debug(kind, **detail)
         elif kind in ("peer_disconnected", "peer_migrated"):
             self.log.info(kind, room=room_id, **detail)
@@ -277,21 +310,11 @@ class RelayServer:
             self.limit_log("limit_reached", "send_queue_full", room=room_id, **detail)
         elif kind == "connections_closed":
             self.limit_log("connections_closed", detail["reason"], count=detail["count"])
-        elif kind == "room_created":
+        elif kind == "room_created" and room_id is not None:
             self.agones.room_state(room_id, WAITING, 0)
             self.log.info("room_created", room=room_id, **detail)
         elif kind == "drained":
             self._drained()
-        else:
-            # The room's lifecycle and membership: joined, reconnected, left, started, ended...
-            if kind == "started":
-                self.recorder.open(room_id, [slot.player for slot in room.slots])
-            elif kind == "ended":
-                self.recorder.close(room_id, detail["reason"])
-            elif kind == "reconnected":
-                self.metrics.joins.labels(outcome="reconnected").inc()
-            self._mirror_to_agones(room, event)
-            self.log.info(kind, room=room_id, **detail)
 
     def _mirror_to_agones(self, room: Room, event: RoomEvent) -> None:
         """Room state and players into the GameServer (labels, annotations, player tracking);
@@ -312,7 +335,7 @@ class RelayServer:
         while True:
             await asyncio.sleep(1.0)
             try:
-                self.every_second(self.loop.time())
+                self.every_second(self._now())
             except Exception:        # never let metrics kill the server
                 self.log.exception("stats_failed")
 
@@ -377,12 +400,12 @@ class RelayServer:
         return self.lobby.get_room(room_id).info()
 
     def create_room(self, room_id: str, **options) -> dict:
-        room = self.lobby.create_room(room_id, options, self.loop.time())
+        room = self.lobby.create_room(room_id, options, self._now())
         self._settle()
         return room.info()
 
     def start_room(self, room_id: str) -> dict:
-        room = self.lobby.start_room(room_id, self.loop.time())
+        room = self.lobby.start_room(room_id, self._now())
         self._settle()
         return room.info()
 
@@ -392,7 +415,7 @@ class RelayServer:
         return room.info()
 
     def kick(self, room_id: str, player: str) -> dict:
-        room = self.lobby.kick(room_id, player, self.loop.time())
+        room = self.lobby.kick(room_id, player, self._now())
         self._settle()
         return room.info()
 
@@ -403,7 +426,7 @@ class RelayServer:
             self.metrics.set_draining(True)
             timeout = self.config.server.drain_timeout
             self.drain_deadline = time.time() + timeout
-            self._drain_timer = self.loop.call_later(timeout, self._drain_deadline_passed)
+            self._drain_timer = self._running_loop().call_later(timeout, self._drain_deadline_passed)
             self.lobby.begin_drain()
             self._settle()
             self.log.info("draining", rooms=len(self.rooms), deadline_s=timeout)

@@ -188,8 +188,9 @@ class EndpointConfig:
             raise bad("max_fragments_in_flight", "at least 255 (one largest message)")
         if self.reassembly_limit < self.max_message_size:
             raise bad("reassembly_limit", f"at least max_message_size={self.max_message_size}")
-        if self.block_slice_size is not None and not 64 <= self.block_slice_size <= self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES:
-            raise bad("block_slice_size", f"64..{self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES} at this mtu")
+        largest_slice = self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES
+        if self.block_slice_size is not None and not 64 <= self.block_slice_size <= largest_slice:
+            raise bad("block_slice_size", f"64..{largest_slice} at this mtu")
         if not 1 <= self.block_window <= 512:
             raise bad("block_window", "1..512 slices")
         largest_block = min(65535 * self.session_slice_size(TAG_BYTES), 2**32 - 1)

@@ -1,5 +1,6 @@
 """Python-visible API of relay_core.peer (compiled). Peers are the endpoint's; Python code
 sees them only in tests."""
+from collections.abc import Mapping
 from typing import Any
 
 from relay_core.block import BlockSender
@@ -11,6 +12,11 @@ from relay_core.token import ConnectToken, TokenClaims
 DISCONNECT_COPIES: int
 IP_UDP_OVERHEAD: int
 LOSS_ALPHA: float
+STATE_NAMES: tuple[str, ...]
+TRIGGER_NAMES: tuple[str, ...]
+TRANSITIONS: Mapping[tuple[int, int], int]
+
+class PeerStateError(RuntimeError): ...
 
 class MessageSink:
     channel: int
@@ -18,6 +24,7 @@ class MessageSink:
     def take(self, peer_id: int, payload: bytes, now: float) -> bool: ...
 
 class Peer:
+    def allows(self, trigger: int) -> bool: ...
     @property
     def peer_id(self) -> int: ...
     schedule_generation: int

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from relay import lobby as lobby_module, protocol
 from relay.config import RelayConfig
-from relay.protocol import CONTROL, STREAM, Input, ProtocolError
+from relay.protocol import CONTROL, STREAM, Input
 from relay.room import Room
 from relay.server import RelayServer
 from relay_core import ChannelConfig, Endpoint, EndpointConfig, MessageReceived, PeerDisconnected

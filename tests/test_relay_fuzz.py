@@ -90,7 +90,8 @@ def test_a_relay_bug_is_caught_by_a_run(monkeypatch):
 
     def queue_history_without_first_frame(self, member, start, stop):
         first = start + 1 if stop - start > 1 else start
-        self.actions.append(Action("block", member.peer_id, data=protocol.encode_history(first, self.history[first:stop])))
+        data = protocol.encode_history(first, self.history[first:stop])
+        self.actions.append(Action("block", member.peer_id, data=data))
         member.blocks_in_flight += 1
 
     monkeypatch.setattr(Room, "_queue_history", queue_history_without_first_frame)
@@ -335,7 +336,8 @@ def test_a_control_message_the_queue_cannot_take_closes_the_connection_instead_o
     and sent frames and a history block for a room it had never been told it was in. A reliable
     ordered message cannot be repaired like a frame: the relay closes the connection instead
     (the client reconnects and gets its slot back)."""
-    seed = next(s for s in range(SEED, SEED + 50) if RelayFuzz(s, "open", steps=0).config.rooms.start_policy == "players")
+    seed = next(s for s in range(SEED, SEED + 50)
+                if RelayFuzz(s, "open", steps=0).config.rooms.start_policy == "players")
     harness = RelayFuzz(seed, "open", steps=0)
     for _ in range(3):
         harness.connect()
