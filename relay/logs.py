@@ -7,16 +7,20 @@ import sys
 import structlog
 
 
-def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
+def _processors(fmt: str) -> list:
     renderer = (structlog.processors.JSONRenderer() if fmt == "json"
                 else structlog.processors.KeyValueRenderer(key_order=["ts", "level", "event"]))
+    return [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", key="ts"),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
+
+
+def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", key="ts"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=_processors(fmt),
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=False,
@@ -28,4 +32,12 @@ def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
 
 
 def get_logger(name: str = "relay"):
-    return structlog.get_logger(name)
+    if structlog.is_configured():
+        return structlog.get_logger(name)
+    # Nobody configured structlog (tests, the relay embedded in a program): relay's own
+    # key=value lines on stderr, without touching the global configuration. structlog's default
+    # development renderer would format every logged exception with rich, where installed, at
+    # about a second each -- a tick that fails 30 times a second would stall the loop.
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr), processors=_processors("text"),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
