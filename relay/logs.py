@@ -32,12 +32,12 @@ def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
 
 
 def get_logger(name: str = "relay"):
-    if structlog.is_configured():
-        return structlog.get_logger(name)
-    # Nobody configured structlog (tests, the relay embedded in a program): relay's own
-    # key=value lines on stderr, without touching the global configuration. structlog's default
-    # development renderer would format every logged exception with rich, where installed, at
-    # about a second each -- a tick that fails 30 times a second would stall the loop.
-    return structlog.wrap_logger(
-        structlog.PrintLogger(sys.stderr), processors=_processors("text"),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    return structlog.get_logger(name)
+
+
+# Until someone configures structlog (the CLI does, with the configured level and format), the
+# relay's events are rendered as relay's key=value lines: structlog's own default renders every
+# logged exception with rich where rich is installed, at about a second each, which stalls the
+# event loop of a server whose tick keeps failing.
+if not structlog.is_configured():
+    structlog.configure(processors=_processors("text"))

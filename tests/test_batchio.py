@@ -456,6 +456,7 @@ def test_the_timer_waits_for_its_deadline_instead_of_spinning_on_a_millisecond_c
     uvloop.run(asyncio.wait_for(scenario(), 20))
 
 
+@pytest.mark.slow
 def test_the_relay_server_runs_on_the_batched_driver(tmp_path):
     from test_e2e import running_room
 

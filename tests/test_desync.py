@@ -163,6 +163,7 @@ def test_version_1_replays_still_read(tmp_path):
 
 # -- a real match --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_diverging_player_is_named_and_the_replay_reproduces_the_frames(tmp_path, capsys):
     from test_e2e import running_room
 

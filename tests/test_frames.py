@@ -205,6 +205,7 @@ def test_a_late_joiner_and_a_caught_up_player_decode_the_same_frames():
 
 # -- through real sockets ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_players_and_a_late_joiner_decode_identical_frames_over_a_lossy_link(tmp_path):
     from relay.client import RelayClient, replay_frames
     from relay.netem import Netem

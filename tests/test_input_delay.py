@@ -175,6 +175,7 @@ def test_without_auto_the_advice_is_only_reported():
 
 # -- through real sockets ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(tmp_path):
     from relay.netem import LinkSettings, Netem
 
