@@ -16,8 +16,8 @@
 # /ready, /metrics (open) and the admin API (bearer token): publish it on a trusted interface.
 # Settings: RELAY_<SECTION>_<KEY> variables (e.g. -e RELAY_SERVER_TICK_RATE=60), or mount a TOML
 # file and run `serve --config /path/relay.toml`.
-# tests/test_dockerfile.py checks this file's rules; tests/test_wheel.py runs the same wheel
-# build and install outside Docker.
+# tests/deploy/test_dockerfile.py checks this file's rules; tests/deploy/test_wheel.py runs the
+# same wheel build and install outside Docker.
 
 # Both stages use the same base; pinned to a patch release and Debian suite.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm

@@ -9,7 +9,7 @@ counts frames that arrive twice or skip ahead.
   frame counts, the bytes of an input. ``loadgen.py`` (sockets, epoll, the relay's core) and
   ``enet_relay.py`` (ENet hosts) extend it with their transport's state.
 - ``MemoryPlayer``: a ``relay_core`` client endpoint whose datagrams the caller carries in
-  memory (``tick_cost.py``, ``tests/test_churn_memory.py``).
+  memory (``tick_cost.py``, ``tests/e2e/test_churn_memory.py``).
 - ``window_shortfall``: the frames players missed in a measurement window.
 """
 from __future__ import annotations

@@ -513,7 +513,7 @@ def decode_history(block: bytes, max_size: int = 64 * 1024 * 1024) -> tuple[int,
 
 
 # The relay encodes a frame per room per tick: relay/_fastpath.pyx has the same encoder
-# compiled (byte for byte: tests/test_fastpath.py). Imported last: it falls back to encode_frame.
+# compiled (byte for byte: tests/relay/test_fastpath.py). Imported last: it falls back to encode_frame.
 try:
     from relay._fastpath import encode_frame as _compiled_encode_frame
 except ImportError:         # not built

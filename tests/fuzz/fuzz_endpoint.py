@@ -1,13 +1,13 @@
 """Coverage-guided fuzzing of relay_core's datagram path with atheris (libFuzzer).
 
 Each input picks a mode (open or token) and a target -- a fresh accepting server, a client in
-the middle of connecting, two live sessions on one server endpoint (tests/test_fuzz.py's
+the middle of connecting, two live sessions on one server endpoint (tests/core/test_fuzz.py's
 Network), or the same with forgeries allowed (mutated datagrams carrying a live session id from
 the peer's own address: in open mode they reach the record parser, where only "nothing raises,
 nothing grows" can be asked; token mode must still deliver exactly once) -- and feeds it up to
 eight datagrams: raw bytes, corpus datagrams (test vectors and captured sessions) with byte
 substitutions, or corpus datagrams carrying the live session's id, from the peers' own addresses
-and from foreign ones. The invariants are tests/test_fuzz.py's:
+and from foreign ones. The invariants are tests/core/test_fuzz.py's:
 nothing raises, a fresh server allocates nothing and never answers with more bytes than it got,
 live sessions keep delivering every message exactly once and in order.
 
@@ -38,7 +38,7 @@ import traceback
 import atheris
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))        # tests/: test_fuzz (corpus, Network)
+sys.path.insert(0, str(HERE.parent / "core"))   # tests/core: test_fuzz (corpus, Network)
 
 with atheris.instrument_imports(include=["relay_core"]):
     import relay_core  # noqa: F401

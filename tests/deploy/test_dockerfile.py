@@ -5,7 +5,7 @@ builder does (parser directives, comments, backslash continuations, instruction 
 ARGs in FROM) and the tests assert the image's contract (two stages, wheels built in the
 builder and installed without compilers in the runtime stage, a non-root user, the ports, the
 readiness health check, ``relay serve``) plus the hadolint rules a reviewer would expect.
-``tests/test_wheel.py`` reuses the parser and the .dockerignore matcher to run the same build.
+``tests/deploy/test_wheel.py`` reuses the parser and the .dockerignore matcher to run the same build.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOAK = ROOT / "benchmarks" / "soak.py"
 
 

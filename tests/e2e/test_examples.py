@@ -10,7 +10,7 @@ from pathlib import Path
 from relay.config import load_config
 from relay.server import RelayServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TICK_RATE = 60
 
 

@@ -1,7 +1,7 @@
 """Membership behaviours users rely on that no other test pinned (issue #24: each was a mutant
 that survived the suite): ready marks across a leave, a slot taken over by a newcomer, the wait
 before a desync verdict, the ``left``/``timed_out`` events, and the repair after the core
-refused a block. Driven like tests/test_room.py: a sans-I/O Room and its Actions, decoded as a
+refused a block. Driven like tests/relay/test_room.py: a sans-I/O Room and its Actions, decoded as a
 client would."""
 from __future__ import annotations
 

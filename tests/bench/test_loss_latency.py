@@ -22,7 +22,7 @@ from benchmarks.loss_latency import (
     Datagram, datagram_fates, evaluate_targets, percentile, redundancy_limit, summarize,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # --------------------------------------------------------------------------------------------
 # Statistics

@@ -8,7 +8,7 @@ import pytest
 
 from relay.config import load_config
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 CONFIGS = sorted(CONFIGS_DIR.glob("*.toml"))
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from relay.config import ConfigError, load_config
 
-CONFIG_SOURCE = (Path(__file__).resolve().parent.parent / "relay" / "config.py").read_text()
+CONFIG_SOURCE = (Path(__file__).resolve().parents[2] / "relay" / "config.py").read_text()
 
 KEY_B64 = base64.b64encode(bytes(range(32))).decode()
 MAX_KEY_ID = 2**32 - 1

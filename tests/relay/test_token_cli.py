@@ -20,7 +20,7 @@ from relay.config import load_config, parse_keys, read_key_file
 from relay.server import RelayServer
 from relay_core.token import ConnectToken, TokenError, generate_key, open_token
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KEY_1, KEY_2 = generate_key(), generate_key()
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 HAVE_CC = shutil.which(os.environ.get("CC", "cc")) is not None
 HAVE_ENET = importlib.util.find_spec("enet") is not None

@@ -27,7 +27,7 @@ from relay.metrics import Metrics
 from relay.server import RelayServer
 from relay_core.token import ConnectToken, generate_key, mint_token
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KEY_1, KEY_2 = generate_key(), generate_key()
 ADMIN_TOKEN = "s3cret-admin-token-0123456789"
 

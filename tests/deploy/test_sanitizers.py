@@ -24,7 +24,7 @@ aborts on the first report:
 Cython 3.1-3.3 (what pyproject.toml's build requirements pin) is installed with pip into
 build/asan/cython if it is not there yet; each build is cached by a hash of the sources,
 compiler and flags. A missing compiler, runtime or Cython is a failure, never a skip.
-By hand: ``python -m pytest tests/test_sanitizers.py -v`` (docs/TESTING.md).
+By hand: ``python -m pytest tests/deploy/test_sanitizers.py -v`` (docs/TESTING.md).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ASAN_DIR = pathlib.Path(os.environ.get("RELAY_ASAN_DIR", ROOT / "build" / "asan"))
 CYTHON_DIR = ASAN_DIR / "cython"        # pip install --target: Cython for these builds only
 CYTHON_SPEC = "Cython>=3.1,<3.4"
@@ -61,20 +61,20 @@ SRC = VARIANTS["gcc"]["dir"]
 PACKAGES = ["relay_core", "relay"]
 
 # The unit tests of the core and of the relay's compiled paths, and the hypothesis fuzz of the
-# datagram path (tests/test_fuzz.py; its atheris test is the fuzz below): ~2.5 min together
+# datagram path (tests/core/test_fuzz.py; its atheris test is the fuzz below): ~2.5 min together
 # under ASan on a 2-core machine (docs/TESTING.md). Tests that start servers in subprocesses,
 # build clients, soak or measure wall-clock time are left to the normal run.
 UNIT_TESTS = [
-    "test_wire.py", "test_seqbuf.py", "test_rtt.py", "test_channels.py", "test_fragment.py",
-    "test_block.py", "test_connection.py", "test_lossy_link.py", "test_malformed.py",
-    "test_vectors.py", "test_token.py", "test_token_limits.py", "test_secure_session.py",
-    "test_migration.py", "test_message_sink.py", "test_redundancy_policy.py", "test_pacing.py",
-    "test_protocol_limits.py", "test_fastpath.py", "test_batchio.py", "test_room.py",
-    "test_room_membership.py", "test_frames.py", "test_desync.py", "test_input_delay.py",
-    "test_limits.py", "test_history.py", "test_replay.py", "test_config_ranges.py",
-    "test_api_misuse.py", "test_compiled.py", "test_fuzz.py",
+    "core/test_wire.py", "core/test_seqbuf.py", "core/test_rtt.py", "core/test_channels.py", "core/test_fragment.py",
+    "core/test_block.py", "core/test_connection.py", "core/test_lossy_link.py", "core/test_malformed.py",
+    "core/test_vectors.py", "core/test_token.py", "core/test_token_limits.py", "core/test_secure_session.py",
+    "core/test_migration.py", "core/test_message_sink.py", "core/test_redundancy_policy.py", "core/test_pacing.py",
+    "relay/test_protocol_limits.py", "relay/test_fastpath.py", "relay/test_batchio.py", "relay/test_room.py",
+    "relay/test_room_membership.py", "relay/test_frames.py", "relay/test_desync.py", "relay/test_input_delay.py",
+    "e2e/test_limits.py", "relay/test_history.py", "relay/test_replay.py", "relay/test_config_ranges.py",
+    "core/test_api_misuse.py", "core/test_compiled.py", "core/test_fuzz.py",
 ]
-DESELECT = ["test_fuzz.py::test_atheris_harness_runs_clean_for_a_short_budget"]
+DESELECT = ["core/test_fuzz.py::test_atheris_harness_runs_clean_for_a_short_budget"]
 
 ATHERIS_SECONDS, ATHERIS_RUNS = 90, 200_000
 DECODER_SECONDS, DECODER_RUNS = 30, 1_000_000

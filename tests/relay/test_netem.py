@@ -480,7 +480,7 @@ def test_module_entry_point_relays_and_stops_on_sigterm():
     upstream.settimeout(5)
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     client.settimeout(5)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     process = subprocess.Popen(
         [sys.executable, "-m", "relay.netem", "--listen", "127.0.0.1:0",
          "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}", "--delay", "20",

@@ -12,7 +12,7 @@ import pytest
 
 from relay.config import ConfigError, RelayConfig, describe, load_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str, name: str = "relay.toml") -> Path:

@@ -54,7 +54,7 @@ CASES = {
 @pytest.mark.parametrize("reason", sorted(CASES))
 def test_each_malformed_datagram_is_dropped_and_counted_by_reason(live, reason):
     if reason == "unknown_peer":
-        # (with this connection's session id it would be a migrating peer: tests/test_migration.py)
+        # (with this connection's session id it would be a migrating peer: tests/core/test_migration.py)
         feed(live, data(live, 5, session=live.session ^ 1), address=("10.66.66.66", 1))
     else:
         feed(live, CASES[reason](live))

@@ -26,7 +26,7 @@ from relay_core.simlink import LinkedPair, LinkProfile
 from relay_core.token import mint_token, open_token
 from relay_core.wire import DROP_REASONS, PACKET_TYPES, REASONS, RECORD_KINDS, DecodeError, decode_packet, encode_packet
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 VECTOR_DIR = ROOT / "tests" / "vectors"
 PROTOCOL = ROOT / "docs" / "PROTOCOL.md"
 CLIENT_ADDRESS = ("127.0.0.1", 9)

@@ -1,7 +1,7 @@
 """The in-memory fuzz of the relay's network entry point (tests/fuzz/fuzz_relay.py): a short
 seeded run in each security mode comes out clean and does real work, and each of its invariants
 (numbered as in the harness's docstring) reports a violation when fed one -- a check that cannot
-fail proves nothing. The same harness runs under AddressSanitizer in tests/test_sanitizers.py.
+fail proves nothing. The same harness runs under AddressSanitizer in tests/deploy/test_sanitizers.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "fuzz"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fuzz"))
 
 import fuzz_relay  # noqa: E402
 from fuzz_relay import Membership, RelayFuzz, RoomRecord, Violations, check_room  # noqa: E402

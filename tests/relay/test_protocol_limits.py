@@ -339,7 +339,7 @@ def test_the_block_limits_are_the_ones_the_spec_states():
     import re
     from pathlib import Path
 
-    spec = (Path(__file__).resolve().parent.parent / "docs" / "RELAY_PROTOCOL.md").read_text()
+    spec = (Path(__file__).resolve().parents[2] / "docs" / "RELAY_PROTOCOL.md").read_text()
     [block_mib] = re.findall(r"^\| `max_block_size` \| (\d+) MiB \|", spec, re.M)
     [inflated_mib] = re.findall(r"the SDK refuses more than (\d+) MiB inflated", spec)
     assert protocol.MAX_BLOCK_SIZE == int(block_mib) * 1024 * 1024

@@ -12,7 +12,7 @@ bounded), a player connecting during the flood gets in, every player sees every 
 in order, no reply to an unauthenticated datagram is larger than that datagram, and one
 hammering source is rate limited (counted as ``rate_limited``) without hurting anyone else.
 
-The flooder is this file run as a script: ``python tests/test_flood.py flood --port P ...``
+The flooder is this file run as a script: ``python tests/e2e/test_flood.py flood --port P ...``
 prints one JSON object (method, datagrams sent and rate, captured replies).
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ import sys
 import time
 import urllib.request
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-VECTORS = pathlib.Path(__file__).resolve().parent / "vectors"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+VECTORS = pathlib.Path(__file__).resolve().parents[1] / "vectors"
 KEY_ID, KEY = 1, bytes(range(40, 72))
 KINDS = ("connect_request", "connect_response", "data")
 
@@ -216,7 +216,7 @@ def flood_arguments(parser):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="loopback flooder for tests/test_flood.py")
+    parser = argparse.ArgumentParser(description="loopback flooder for tests/e2e/test_flood.py")
     parser.add_argument("command", choices=["flood"])
     flood_arguments(parser)
     flood(parser.parse_args())

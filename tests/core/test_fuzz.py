@@ -29,7 +29,7 @@ from relay_core import Endpoint, EndpointConfig, MessageReceived
 from relay_core.simlink import LinkedPair, LinkProfile
 from relay_core.token import mint_token
 
-VECTOR_DIR = pathlib.Path(__file__).resolve().parent / "vectors"
+VECTOR_DIR = pathlib.Path(__file__).resolve().parents[1] / "vectors"
 UNIX = 1_900_000_000.0          # unix time at simulated time 0 (token expiry)
 KEY_ID, KEY = 3, bytes(range(7, 39))
 MODES = ["open", "token"]
@@ -271,7 +271,7 @@ class Network:
         """Open mode authenticates a session by its id alone: a datagram from anywhere that
         carries a live session id and is not a byte-exact replay is indistinguishable from the
         peer itself, so the exactly-once invariant cannot hold for it (that is what token
-        mode's AEAD is for; tests/test_malformed.py checks open mode survives such input)."""
+        mode's AEAD is for; tests/core/test_malformed.py checks open mode survives such input)."""
         if self.mode != "open" or len(datagram) < 8:
             return False
         live = set(self.sessions.values())
@@ -370,7 +370,7 @@ def test_atheris_harness_runs_clean_for_a_short_budget():
     import subprocess
     import sys
 
-    harness = pathlib.Path(__file__).resolve().parent / "fuzz" / "fuzz_endpoint.py"
+    harness = pathlib.Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_endpoint.py"
     run = subprocess.run([sys.executable, str(harness), "--seconds", "20", "-seed=1"],
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]

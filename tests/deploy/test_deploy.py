@@ -36,9 +36,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay.config import SECTIONS, ServerSettings, load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-SCHEMAS = Path(__file__).resolve().parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 
 DASHBOARD = DEPLOY / "grafana" / "relay-dashboard.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
