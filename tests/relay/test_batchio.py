@@ -458,7 +458,7 @@ def test_the_timer_waits_for_its_deadline_instead_of_spinning_on_a_millisecond_c
 
 @pytest.mark.slow
 def test_the_relay_server_runs_on_the_batched_driver(tmp_path):
-    from test_e2e import running_room
+    from live_relay import running_room
 
     async def scenario():
         async with running_room(tmp_path, "b", ["a", "b"]) as (server, (a, b)):

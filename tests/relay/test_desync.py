@@ -165,7 +165,7 @@ def test_version_1_replays_still_read(tmp_path):
 
 @pytest.mark.slow
 def test_a_diverging_player_is_named_and_the_replay_reproduces_the_frames(tmp_path, capsys):
-    from test_e2e import running_room
+    from live_relay import running_room
 
     async def scenario():
         async with running_room(tmp_path, "d", ["ann", "ben", "cat"], start_players=3) as (

@@ -211,7 +211,7 @@ def test_players_and_a_late_joiner_decode_identical_frames_over_a_lossy_link(tmp
     from relay.netem import Netem
     from relay.replay import ReplayReader
 
-    from test_e2e import BAD_LINK, Player, running_server
+    from live_relay import BAD_LINK, Player, running_server
 
     async def scenario():
         server = await running_server(tmp_path, start_players=3, missing_input_policy="repeat")

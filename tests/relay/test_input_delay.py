@@ -179,7 +179,7 @@ def test_without_auto_the_advice_is_only_reported():
 def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(tmp_path):
     from relay.netem import LinkSettings, Netem
 
-    from test_e2e import running_server
+    from live_relay import running_server
 
     link = LinkSettings(delay=30, jitter=4)               # 60-68 ms round trip, no loss
 
