@@ -164,6 +164,16 @@ def test_a_delivered_catch_up_block_sets_what_the_member_holds():
     assert room.members[late.peer_id].have == room.open_frame - 1 == 29
 
 
+def test_a_spectator_holding_only_frame_0_after_its_block_has_frame_0():
+    harness, (alice, bob) = running(spectator_delay=10)
+    room = harness.room
+    harness.tick(room.settings.spectator_delay + 1 - room.open_frame)
+    watcher = harness.join("watcher", spectator=True)
+    assert [(first, len(frames)) for first, frames in watcher.blocks] == [(0, 1)]
+    room.on_block_delivered(watcher.peer_id)
+    assert room.members[watcher.peer_id].have == 0      # not past the block's one frame
+
+
 def test_a_block_failure_with_none_in_flight_leaves_the_count_at_zero():
     harness, (alice, bob) = running()
     harness.tick(10)
