@@ -11,17 +11,38 @@ INPUTs, INPUTs from peers in no room -- goes to the lobby's ``on_other(event, no
 general path gives the same result for the same message (tests/test_inputs.py).
 
 The router owns the peer -> room mapping the lobby keeps up to date (``seat``, ``unseat``): one
-dict lookup per input finds the room.
+dict lookup per input finds the room. The compiled relay.room exports its ``accept_input`` as
+a C function (``accept_room_input``), which the router calls with no Python call per input;
+relay.room running uncompiled (tools/mutation.py mutates its source) is called as Python.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdint cimport uint8_t, int64_t
 
+from relay import room as room_module
 from relay_core.events import MessageReceived
 from relay_core.peer cimport MessageSink
 from relay.frames cimport parse_input
 
 cdef enum:
     STREAM_CHANNEL = 1
+
+ctypedef str (*AcceptRoomInput)(object room, int peer_id, long long frame, bytes payload,
+                                long long have, double now)
+# The capsule's name is the C signature relay/room.pxd declares: a mismatch fails the import.
+cdef const char* ACCEPT_ROOM_INPUT_SIGNATURE = (
+    b"PyObject *(PyObject *, int, PY_LONG_LONG, PyObject *, PY_LONG_LONG, double)")
+
+
+cdef AcceptRoomInput _compiled_accept():
+    capi = getattr(room_module, "__pyx_capi__", None)
+    if capi is None:            # relay.room is running as Python
+        return NULL
+    return <AcceptRoomInput>PyCapsule_GetPointer(capi["accept_room_input"],
+                                                 ACCEPT_ROOM_INPUT_SIGNATURE)
+
+
+cdef AcceptRoomInput accept_room_input = _compiled_accept()
 
 
 cdef class InputRouter(MessageSink):
@@ -64,8 +85,11 @@ cdef class InputRouter(MessageSink):
         room = self.room_of_peer.get(peer_id)
         if room is None:
             return 0
-        outcome = room.accept_input(
-            peer_id, frame, PyBytes_FromStringAndSize(<const char*>p + start, length), have, now)
+        payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
+        if accept_room_input != NULL:
+            outcome = accept_room_input(room, peer_id, frame, payload, have, now)
+        else:
+            outcome = room.accept_input(peer_id, frame, payload, have, now)
         if outcome.startswith("refused:"):
             if on_refused is None:
                 self.refusals.append((peer_id, outcome[8:]))

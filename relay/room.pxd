@@ -79,3 +79,10 @@ cdef class Room:
     @cython.locals(broadcast=list, member=Member, slot_index="long long")
     cpdef list fan_out(self, long long number, bytes data, double now, long long spectator_frame,
                        long long catchup_frames, long long advice_every)
+
+
+# accept_input for C callers that hold a room as an object (relay.inputs): exported in the
+# compiled module's __pyx_capi__.
+@cython.locals(typed_room=Room)
+cdef str accept_room_input(object room, int peer_id, long long frame, bytes payload, long long have,
+                           double now)

@@ -682,6 +682,14 @@ class Room:
             self.actions.append(Action("send", peer_id, channel, data))
 
 
+def accept_room_input(room: Room, peer_id: int, frame: int, payload: bytes, have: int,
+                      now: float) -> str:
+    """``room.accept_input(...)``: relay.inputs calls it as a C function when this module is
+    compiled (no Python call per input); ``room`` must be a Room."""
+    typed_room = room
+    return typed_room.accept_input(peer_id, frame, payload, have, now)
+
+
 def desync_verdict(checksums: dict[str, int]) -> tuple[str, list[list[str]], list[str]]:
     """Group players by checksum value. Returns (verdict, groups largest first, minority):
     "minority" when one group is strictly larger than every other (the players outside it are
