@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import msgpack
 
-from relay.frames import EVENT_KINDS, encode_frame, put_varint
+from relay.frames import EVENT_KINDS as EVENT_KINDS, encode_frame, put_varint as put_varint
 from relay_core import ChannelConfig
 
 CONTROL = 0

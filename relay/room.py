@@ -602,7 +602,7 @@ class Room:
         way: a member that lost frames or is far behind is caught up (``_maybe_catch_up``),
         and every ``advice_every`` frames a player's input delay is reviewed
         (``_advise_input_delay``, staggered by slot)."""
-        broadcast = [] if self.broadcast_frames else None
+        broadcast: Optional[list] = [] if self.broadcast_frames else None
         if advice_every < 1:
             raise ValueError(f"advice_every must be at least 1, got {advice_every}")   # a divisor
         for member in self.members.values():
@@ -622,7 +622,7 @@ class Room:
                 else:
                     broadcast.append(member.peer_id)
                 if member.timing is not None:
-                    slot_index = member.slot
+                    slot_index: int = member.slot   # type: ignore[assignment]  # a player's: an int
                     if (number + slot_index) % advice_every == 0:
                         self._advise_input_delay(member, now)
         return broadcast
