@@ -11,8 +11,19 @@ extensions = [
     # Batched UDP syscalls (recvmmsg/sendmmsg) for the server's socket; builds everywhere,
     # does the work on Linux.
     Extension("relay._batchio", ["relay/_batchio.pyx"], extra_compile_args=["-O2"]),
-    # The server's per-input receive path (INPUT decode, events to rooms); optional at run time.
-    Extension("relay._fastpath", ["relay/_fastpath.pyx"], extra_compile_args=["-O2"]),
+    # The FRAME encoder and the canonical-INPUT decoder.
+    Extension("relay.frames", ["relay/frames.pyx"], extra_compile_args=["-O2"]),
+    # Input timing's C rings (per player and per room).
+    Extension("relay.timing", ["relay/timing.pyx"], extra_compile_args=["-O2"]),
+    # INPUTs from the core straight into their rooms.
+    Extension("relay.inputs", ["relay/inputs.pyx"], extra_compile_args=["-O2"]),
+]
+
+# Python source compiled through its .pxd (Cython's pure Python mode): Python's semantics, so
+# bounds and negative indexes checked as in Python, and annotations are documentation only
+# (the .pxd gives the C types).
+PURE_PYTHON_MODE = [
+    Extension("relay.room", ["relay/room.py"], extra_compile_args=["-O2"]),
 ]
 
 setup(
@@ -25,5 +36,8 @@ setup(
             "cdivision": True,
             "initializedcheck": False,
         },
+    ) + cythonize(
+        PURE_PYTHON_MODE,
+        compiler_directives={"language_level": "3", "annotation_typing": False},
     ),
 )

@@ -11,7 +11,7 @@ frame N + 2 on every FRAME N, as benchmarks/loadgen.py's). Only the server's cal
 Per tick, as the server does it under load:
 
     receive   Endpoint.receive_batch of every player's datagrams
-    events    the core's events to the rooms (INPUTs through relay._fastpath)
+    events    the core's events to the rooms (INPUTs through relay.inputs)
     tick      every room closes its frame and hands it to the core (RelayServer.tick)
     flush     Endpoint.datagrams_to_send: one datagram per player
 

@@ -22,9 +22,10 @@ import dataclasses
 from collections import Counter
 from typing import Optional
 
-from relay import _fastpath, protocol
+from relay import protocol
 from relay.config import RelayConfig, RoomSettings
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
+from relay.inputs import InputRouter
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Join, ProtocolError
 from relay.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room, RoomEvent
 from relay_core import (
@@ -118,7 +119,6 @@ class Lobby:
         self.tick_rate = config.server.tick_rate
         self.endpoint = endpoint if endpoint is not None else Endpoint(endpoint_config(config))
         self.rooms: dict[str, Room] = {}
-        self.peer_room: dict[int, str] = {}
         self.peer_claims: dict[int, TokenClaims] = {}
         """Token mode: who each connection's token says it is (room, player)."""
         self.notified: dict[int, set[str]] = {}
@@ -131,11 +131,12 @@ class Lobby:
         self._roomless: dict[int, float] = {}
         """Connections in no room -> when they were first seen so (see close_roomless)."""
         self._reports: list[Report] = []
-        # INPUTs go from the core straight into their rooms (the STREAM channel's message sink).
-        self.inputs = _fastpath.InputRouter(self.peer_room, self.rooms) if _fastpath else None
-        if self.inputs is not None:
-            self.inputs.outcomes = self.input_outcomes
-            self.endpoint.set_message_sink(self.inputs)
+        # INPUTs go from the core straight into their rooms (the STREAM channel's message
+        # sink); the router holds who is in which room, the lobby seats and unseats peers.
+        self.inputs = InputRouter()
+        self.inputs.outcomes = self.input_outcomes
+        self._room_of_peer: dict[int, Room] = self.inputs.room_of_peer
+        self.endpoint.set_message_sink(self.inputs)
 
     # -- outputs ----------------------------------------------------------------------------
 
@@ -146,9 +147,13 @@ class Lobby:
     def _report(self, room: Optional[Room], kind: str, /, **detail) -> None:
         self._reports.append((room, RoomEvent(kind, detail)))
 
+    @property
+    def peer_room(self) -> dict[int, str]:
+        """Peer id -> id of the room it is in (a snapshot)."""
+        return {peer_id: room.room_id for peer_id, room in self._room_of_peer.items()}
+
     def room_of(self, peer_id: int) -> Optional[Room]:
-        room_id = self.peer_room.get(peer_id)
-        return self.rooms.get(room_id) if room_id is not None else None
+        return self._room_of_peer.get(peer_id)
 
     def get_room(self, room_id: str) -> Room:
         room = self.rooms.get(room_id)
@@ -159,14 +164,9 @@ class Lobby:
     # -- core events ------------------------------------------------------------------------
 
     def handle_events(self, now: float) -> None:
-        """Everything the core has for the relay: inputs into their rooms, then the rest."""
-        if self.inputs is not None:
-            # INPUTs straight to their rooms in compiled code; every other event below.
-            self.inputs.route(self.endpoint, self._on_event, self._refuse_input, now)
-            return
-        endpoint = self.endpoint
-        while (event := endpoint.next_event()) is not None:
-            self._on_event(event, now)
+        """Everything the core has for the relay: canonical INPUTs straight into their rooms
+        (compiled), every other event through ``_on_event``."""
+        self.inputs.route(self.endpoint, self._on_event, self._refuse_input, now)
 
     def _on_event(self, event, now: float) -> None:
         kind = type(event)
@@ -198,7 +198,7 @@ class Lobby:
         self.notified.pop(peer_id, None)
         self.peer_claims.pop(peer_id, None)
         room = self.room_of(peer_id)
-        self.peer_room.pop(peer_id, None)
+        self.inputs.unseat(peer_id)
         if room is not None:
             # A dead link (idle timeout or resend limit) is a timeout; anything else a leave.
             room.detach(peer_id, "timeout" if reason in ("timeout", "resend_limit") else reason, now)
@@ -238,14 +238,15 @@ class Lobby:
             room.set_ready(peer_id, now)
         elif message == protocol.LEAVE:
             room.detach(peer_id, "leave", now)
-            self.peer_room.pop(peer_id, None)
+            self.inputs.unseat(peer_id)
         if room is not None:
             self._settle(room)
 
     def _on_join(self, peer_id: int, join: Join, now: float) -> None:
-        if peer_id in self.peer_room:
+        seated = self.room_of(peer_id)
+        if seated is not None:
             self._refuse(peer_id, "already_joined", f"this connection is already in room "
-                                                    f"{self.peer_room[peer_id]}")
+                                                    f"{seated.room_id}")
             return
         claims = self.peer_claims.get(peer_id)
         if claims is not None:
@@ -278,7 +279,7 @@ class Lobby:
         except JoinRefused as refusal:
             self._refuse(peer_id, refusal.code, str(refusal))
             return
-        self.peer_room[peer_id] = room.room_id
+        self.inputs.seat(peer_id, room)
         self.counts["joins", "spectator" if member.spectator else "joined"] += 1
         self._settle(room)
 
@@ -378,7 +379,7 @@ class Lobby:
         self.rooms.pop(room.room_id, None)
         room.history.close()
         for peer_id in list(room.members):
-            self.peer_room.pop(peer_id, None)
+            self.inputs.unseat(peer_id)
         if self.draining and not self.rooms:
             self._report(None, "drained")
 
@@ -426,7 +427,7 @@ class Lobby:
             elif self.endpoint.is_connected(action.peer_id):
                 room.on_send_failed(action.peer_id, "block")
         elif action.kind == "disconnect":
-            self.peer_room.pop(action.peer_id, None)
+            self.inputs.unseat(action.peer_id)
             self.endpoint.disconnect(action.peer_id, action.reason)
 
     def _send_queue_full(self, room: Optional[Room], peer_id: int, channel: int) -> None:
@@ -474,7 +475,7 @@ class Lobby:
         since, self._roomless = self._roomless, {}
         closed = 0
         for peer_id in self.endpoint.peer_ids:
-            if peer_id in self.peer_room:
+            if peer_id in self._room_of_peer:
                 continue
             first_seen = since.get(peer_id, now)
             if now - first_seen < timeout:

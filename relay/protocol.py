@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import msgpack
 
+from relay.frames import EVENT_KINDS as EVENT_KINDS, encode_frame, put_varint as put_varint
 from relay_core import ChannelConfig
 
 CONTROL = 0
@@ -214,7 +215,7 @@ class Frame:
     def encode(self, previous: Optional[list] = None) -> bytes:
         """The compact FRAME message; ``previous`` is the previous frame's ``inputs`` (None: no
         "same as previous" references, a frame any decoder can read on its own)."""
-        return (encode_frame if _compiled_encode_frame is None else _compiled_encode_frame)(self, previous)
+        return encode_frame(self, previous)
 
 
 # -- compact frames ---------------------------------------------------------------------------
@@ -222,23 +223,14 @@ class Frame:
 # C1 | number varint | flags u8 | slots varint | present bitmap | [same bitmap] | [synth bitmap]
 #    | payloads (varint length + bytes, per present slot not marked same) | [events]
 # Bitmaps are ceil(slots / 8) bytes, slot i is bit (i % 8) of byte i // 8. Specified byte for
-# byte in docs/RELAY_PROTOCOL.md section 7.1.
+# byte in docs/RELAY_PROTOCOL.md section 7.1. Written by relay.frames (compiled: encode_frame,
+# put_varint, EVENT_KINDS); read here.
 
 FLAG_SAME = 0x01
 FLAG_SYNTHESIZED = 0x02
 FLAG_EVENTS = 0x04
 _KNOWN_FLAGS = FLAG_SAME | FLAG_SYNTHESIZED | FLAG_EVENTS
-EVENT_KINDS = ("join", "leave", "timeout", "reconnect")
-_EVENT_CODES = {kind: code for code, kind in enumerate(EVENT_KINDS)}
 MAX_SLOTS = 256
-
-
-def put_varint(out: bytearray, value: int) -> None:
-    """Append ``value`` as an unsigned LEB128 varint (FRAME fields; also relay.history)."""
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
 
 
 def get_varint(data: bytes, pos: int, limit: int = FRAME_NUMBER_LIMIT) -> tuple[int, int]:
@@ -259,52 +251,6 @@ def get_varint(data: bytes, pos: int, limit: int = FRAME_NUMBER_LIMIT) -> tuple[
     if value >= limit:
         raise ProtocolError("malformed", f"FRAME value {value} out of range (< {limit})")
     return value, pos
-
-
-def encode_frame(frame: Frame, previous: Optional[list] = None) -> bytes:
-    inputs = frame.inputs
-    count = len(inputs)
-    width = (count + 7) >> 3
-    present = bytearray(width)
-    same = bytearray(width)
-    synthesized = bytearray(width)
-    payloads = bytearray()
-    previous = previous or []
-    for slot, payload in enumerate(inputs):
-        if payload is None:
-            continue
-        bit = 1 << (slot & 7)
-        present[slot >> 3] |= bit
-        if slot < len(previous) and previous[slot] == payload:
-            same[slot >> 3] |= bit
-        else:
-            put_varint(payloads, len(payload))
-            payloads += payload
-    for slot in frame.synthesized:
-        if not 0 <= slot < count or inputs[slot] is None:
-            raise ValueError(f"synthesized slot {slot} has no input in frame {frame.number}")
-        synthesized[slot >> 3] |= 1 << (slot & 7)
-    flags = ((FLAG_SAME if any(same) else 0) | (FLAG_SYNTHESIZED if frame.synthesized else 0)
-             | (FLAG_EVENTS if frame.events else 0))
-    out = bytearray((FRAME_MARKER,))
-    put_varint(out, frame.number)
-    out.append(flags)
-    put_varint(out, count)
-    out += present
-    if flags & FLAG_SAME:
-        out += same
-    if flags & FLAG_SYNTHESIZED:
-        out += synthesized
-    out += payloads
-    if frame.events:
-        put_varint(out, len(frame.events))
-        for kind, slot, player in frame.events:
-            name = player.encode()
-            out.append(_EVENT_CODES[kind])
-            put_varint(out, slot)
-            put_varint(out, len(name))
-            out += name
-    return bytes(out)
 
 
 def frame_number(data: bytes) -> int:
@@ -510,11 +456,3 @@ def decode_history(block: bytes, max_size: int = 64 * 1024 * 1024) -> tuple[int,
         raise ProtocolError("malformed", "a history block is [first_frame: u32, [frame: bin, ...]] "
                                          "with every frame number below 2^32")
     return first, frames
-
-
-# The relay encodes a frame per room per tick: relay/_fastpath.pyx has the same encoder
-# compiled (byte for byte: tests/relay/test_fastpath.py). Imported last: it falls back to encode_frame.
-try:
-    from relay._fastpath import encode_frame as _compiled_encode_frame
-except ImportError:         # not built
-    _compiled_encode_frame = None  # type: ignore[assignment]  # Frame.encode falls back

@@ -16,6 +16,11 @@ history (late joiners, catch-up) and to the replay.
 The room also times every player's inputs: how long after it sent frame H (the newest frame the
 client said it holds) the input arrived. A high percentile of that, in frames, is the input
 delay the player needs for its inputs to make their frames; the room advises it (INPUT_DELAY).
+
+Compiled: relay/room.pxd declares ``Slot``, ``Member`` and ``Room`` as extension types with C
+fields (every tick and every input reads them for every player) and their per-input and
+per-tick methods as C methods (``accept_input``, ``collect_inputs``, ``fan_out``). This file is
+the source of both: uncompiled it is the same room, in plain Python.
 """
 from __future__ import annotations
 
@@ -25,11 +30,13 @@ from typing import Optional
 
 from relay import protocol
 from relay.config import RoomSettings
-from relay._fastpath import InputTiming, Member, RoomCore, Slot
 from relay.history import FrameHistory
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
+from relay.timing import CloseTimes, InputTiming
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
+ACCEPTED, LATE = "accepted", "late"
+"""Outcomes of an input that is buffered (the others: duplicate, refused:<reason>)."""
 
 # A diverging checksum waits at most this many frames for the other players' reports.
 DESYNC_WAIT_FRAMES = 30
@@ -69,12 +76,62 @@ class RoomEvent:
     detail: dict = field(default_factory=dict)
 
 
-# Slot (a player's seat) and Member (a connected client) are compiled, in relay._fastpath:
-# every tick and every input reads their fields.
+class Slot:
+    """A player's seat in a room: its input index in every frame, kept while the player is
+    away (left or timed out) so that it can reconnect."""
+
+    def __init__(self, index: int, player: str, peer_id: Optional[int], ready: bool = False,
+                 away_since: Optional[float] = None):
+        self.index = index
+        self.player = player
+        self.peer_id = peer_id
+        self.ready = ready
+        self.away_since = away_since
+        """When the player went away, or None."""
+
+    def __repr__(self) -> str:
+        return (f"Slot(index={self.index}, player={self.player!r}, peer_id={self.peer_id!r}, "
+                f"ready={self.ready}, away_since={self.away_since!r})")
 
 
-class Room(RoomCore):
-    """A room's membership, lifecycle and frames; the per-input work is RoomCore's (compiled)."""
+class Member:
+    """A connected client in a room: a player (``slot`` is its index) or a spectator."""
+
+    def __init__(self, peer_id: int, player: str, slot: Optional[int], spectator: bool, have: int = -1,
+                 next_live: int = 0, catching_up: bool = False, blocks_in_flight: int = 0,
+                 block_first: int = 0, block_end: int = -1, last_sent: int = -1,
+                 missing_from: Optional[int] = None, reported: bool = False,
+                 timing: Optional[InputTiming] = None):
+        self.peer_id = peer_id
+        self.player = player
+        self.slot = slot
+        self.spectator = spectator
+        self.have = have
+        """Highest frame held with every frame before it."""
+        self.next_live = next_live
+        """First frame it receives on the STREAM channel."""
+        self.catching_up = catching_up
+        """A history or catch-up block is in flight."""
+        self.blocks_in_flight = blocks_in_flight
+        self.block_first = block_first
+        self.block_end = block_end
+        """The client holds everything up to here once the blocks are delivered."""
+        self.last_sent = last_sent
+        """Last frame queued for it on the STREAM channel."""
+        self.missing_from = missing_from
+        """A frame from here on could not be queued: repair from here, or None."""
+        self.reported = reported
+        """It has reported ``have`` at least once."""
+        self.timing = timing
+        """Players only: input response times and the advice sent."""
+
+    def __repr__(self) -> str:
+        return (f"Member(peer_id={self.peer_id}, player={self.player!r}, slot={self.slot!r}, "
+                f"spectator={self.spectator}, have={self.have}, last_sent={self.last_sent})")
+
+
+class Room:
+    """A room's membership, lifecycle and frames."""
 
     def __init__(self, room_id: str, settings: RoomSettings, tick_rate: int, now: float,
                  start_policy: Optional[str] = None, start_players: Optional[int] = None,
@@ -117,6 +174,9 @@ class Room(RoomCore):
         self.broadcast_frames = False
         """True: each tick's frame goes to its players as one "broadcast" Action instead of a
         "send" per player (the server hands it to the core in one call)."""
+        self.started_at: Optional[float] = None
+        self.close_times = CloseTimes()
+        """When recent frames closed: inputs naming one as held are timed from then."""
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -352,7 +412,56 @@ class Room(RoomCore):
     def on_input(self, peer_id: int, message: Input, now: Optional[float] = None) -> str:
         """Buffer one input; returns the outcome: accepted, late, duplicate, or refused:<reason>.
         ``now`` (the arrival time) times the input for the input-delay advice."""
-        return self.on_input_fields(peer_id, message.frame, message.payload, message.have, now)
+        return self.accept_input(peer_id, message.frame, message.payload, message.have,
+                                 -1.0 if now is None else now)
+
+    def accept_input(self, peer_id: int, frame: int, payload: bytes, have: int, now: float) -> str:
+        """``on_input`` with the message's fields (relay.inputs calls it for every canonical
+        INPUT); ``now`` < 0: the input is not timed."""
+        if type(payload) is not bytes:
+            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+        member = self.members.get(peer_id)
+        outcome = ACCEPTED
+        if member is None:
+            return "refused:not_a_player"
+        slot = member.slot
+        if slot is None:
+            return "refused:not_a_player"
+        if have > member.have:
+            member.have = have
+        member.reported = True
+        if self.state != RUNNING:
+            return "refused:not_running"
+        if now >= 0.0:
+            self._time_input(member, frame, have, now)
+        if len(payload) > self.max_input_bytes:
+            return "refused:too_large"
+        if frame < self.open_frame:
+            if self.drop_late_inputs:
+                return "refused:late_dropped"
+            frame, outcome = self.open_frame, LATE
+        elif frame > self.open_frame + self.max_input_lead:
+            return "refused:too_far_ahead"
+        inputs = self.pending_inputs.get(frame)
+        if inputs is None:
+            inputs = {}
+            self.pending_inputs[frame] = inputs
+        if slot in inputs:
+            return "duplicate" if outcome == ACCEPTED else "refused:late_dropped"
+        inputs[slot] = payload
+        return outcome
+
+    def _time_input(self, member: Member, frame: int, have: int, now: float) -> None:
+        """How long after frame ``have`` closed this input arrived: the input was sent for frame
+        have + d when the client held frame ``have``, so d must exceed this time in frames for it
+        to be on time. Inputs sent while catching up say nothing about the link."""
+        timing = member.timing
+        if timing is None:
+            return
+        response = -1.0
+        if have < self.open_frame and not member.catching_up:
+            response = self.close_times.since(have, now)
+        timing.record(frame < self.open_frame, response)
 
     def _advise_input_delay(self, member: Member, now: float) -> None:
         timing = member.timing
@@ -436,7 +545,7 @@ class Room(RoomCore):
         self.last_inputs = frame.inputs
         self.pending_events = []
         self.history.append(data)
-        self.record_close(number, now)
+        self.close_times.record(number, now)
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
         broadcast = self.fan_out(number, data, now, spectator_frame, self.settings.catchup_frames,
@@ -459,6 +568,64 @@ class Room(RoomCore):
         is filled in by missing_input_policy and marked synthesized."""
         inputs, synthesized = self.collect_inputs(number)
         return Frame(number, inputs, self.pending_events, synthesized)
+
+    def collect_inputs(self, number: int) -> tuple[list, list]:
+        """Frame ``number``'s input per slot from those received for it, a connected player's
+        missing one made up by missing_input_policy: (inputs, synthesized slot indexes)."""
+        received = self.pending_inputs.pop(number, None)
+        previous = self.last_inputs
+        inputs = []
+        synthesized = []
+        make_up = self.missing_input_policy != "none"
+        repeat = self.missing_input_policy == "repeat"
+        for slot in self.slots:
+            if slot is None:
+                raise TypeError("slots must hold Slot objects, not None")
+            index = slot.index
+            value = received.get(index) if received is not None else None
+            if value is None and make_up and slot.peer_id is not None:
+                if repeat:
+                    value = previous[index] if 0 <= index < len(previous) else None
+                else:
+                    value = self.neutral_input
+                if value is not None:
+                    synthesized.append(index)
+            inputs.append(value)
+        self.synthesized_inputs += len(synthesized)
+        return inputs, synthesized
+
+    def fan_out(self, number: int, data: bytes, now: float, spectator_frame: int, catchup_frames: int,
+                advice_every: int) -> Optional[list]:
+        """Frame ``number`` (``data``) to every member: players get it now (their ids are
+        returned for one broadcast when broadcast_frames, else a send each through
+        ``_send_stream``), spectators frame ``spectator_frame`` once they are that far. On the
+        way: a member that lost frames or is far behind is caught up (``_maybe_catch_up``),
+        and every ``advice_every`` frames a player's input delay is reviewed
+        (``_advise_input_delay``, staggered by slot)."""
+        broadcast: Optional[list] = [] if self.broadcast_frames else None
+        if advice_every < 1:
+            raise ValueError(f"advice_every must be at least 1, got {advice_every}")   # a divisor
+        for member in self.members.values():
+            if member is None:
+                raise TypeError("members must hold Member objects, not None")
+            if not member.catching_up and (member.missing_from is not None or (
+                    member.reported and number - member.have > catchup_frames)):
+                self._maybe_catch_up(member)
+            if member.spectator:
+                if spectator_frame >= member.next_live:
+                    member.last_sent = spectator_frame
+                    self._send_stream(member.peer_id, self.history[spectator_frame])
+            else:
+                member.last_sent = number
+                if broadcast is None:
+                    self._send_stream(member.peer_id, data)
+                else:
+                    broadcast.append(member.peer_id)
+                if member.timing is not None:
+                    slot_index: int = member.slot   # type: ignore[assignment]  # a player's: an int
+                    if (number + slot_index) % advice_every == 0:
+                        self._advise_input_delay(member, now)
+        return broadcast
 
     def _send_stream(self, peer_id: int, data: bytes) -> None:
         self.actions.append(Action("send", peer_id, STREAM, data))
@@ -513,6 +680,14 @@ class Room(RoomCore):
     def _broadcast(self, channel: int, data: bytes) -> None:
         for peer_id in self.members:
             self.actions.append(Action("send", peer_id, channel, data))
+
+
+def accept_room_input(room: Room, peer_id: int, frame: int, payload: bytes, have: int,
+                      now: float) -> str:
+    """``room.accept_input(...)``: relay.inputs calls it as a C function when this module is
+    compiled (no Python call per input); ``room`` must be a Room."""
+    typed_room = room       # a Room in relay/room.pxd: the type is checked, the call is C
+    return typed_room.accept_input(peer_id, frame, payload, have, now)
 
 
 def desync_verdict(checksums: dict[str, int]) -> tuple[str, list[list[str]], list[str]]:

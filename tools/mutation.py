@@ -4,7 +4,10 @@
 Every run works on throw-away copies of the tree in a temporary directory (the
 tracked and untracked, not-ignored files plus the compiled extensions built in
 place by ``pip install -e``), so the working tree is never modified, even if the
-run is interrupted; the copies are removed on exit.
+run is interrupted; the copies are removed on exit. A module that is itself
+compiled from its .py (Cython's pure Python mode, e.g. relay/room.py with
+relay/room.pxd) is copied without its extension, so the mutated source is what
+imports and runs.
 
 For each module it:
   1. copies the tree, writes a Cosmic Ray config for that module whose test
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.machinery
 import json
 import os
 import random
@@ -104,6 +108,15 @@ def tree_files() -> list[str]:
     for d in COMPILED_DIRS:
         files += [str(p.relative_to(ROOT)) for p in (ROOT / d).glob("*.so")]
     return sorted(set(files))
+
+
+def without_extension_of(module: str, files: list[str]) -> list[str]:
+    """``files`` less the compiled extension built from ``module`` (``relay/room.py`` ->
+    ``relay/room.cpython-311-x86_64-linux-gnu.so``): Python imports an extension before the
+    source next to it, so a copy that kept it would test the unmutated build."""
+    stem = module.removesuffix(".py")
+    built = {stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}
+    return [f for f in files if f not in built]
 
 
 def copy_tree(dest: Path, files: list[str]) -> None:
@@ -247,7 +260,7 @@ def run_module(module: str, tests: list[str], settings: dict, args, equivalent: 
     try:
         copies = [base / f"tree{i}" for i in range(max(1, args.jobs))]
         for c in copies:
-            copy_tree(c, files)
+            copy_tree(c, without_extension_of(module, files))
         env = dict(os.environ)
         # The copy's packages come first: the editable install's finder would
         # otherwise import relay/relay_core from the working tree.

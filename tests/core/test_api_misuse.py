@@ -17,6 +17,8 @@ from collections import deque
 import pytest
 
 from relay import protocol
+from relay import room as compiled_room
+from relay.config import RelayConfig
 from relay_core import Endpoint, EndpointConfig
 from relay_core.channel import make_receive_channel, make_send_channel
 from relay_core.block import BlockReceiver, BlockSender
@@ -25,7 +27,9 @@ from relay_core.peer import Peer
 from relay_core.wire import encode_packet
 
 batchio = pytest.importorskip("relay._batchio")
-fastpath = pytest.importorskip("relay._fastpath")
+frames = pytest.importorskip("relay.frames")
+inputs = pytest.importorskip("relay.inputs")
+timing = pytest.importorskip("relay.timing")
 
 CHANNELS = len(EndpointConfig().channels)
 
@@ -305,37 +309,52 @@ def test_batch_socket_send_from_an_offset_copies_only_the_rest():
             io.send(datagrams, -1)
 
 
-# -- relay._fastpath ------------------------------------------------------------------------------
+# -- relay.frames, relay.inputs, relay.timing, relay.room -------------------------------------------
 
 def test_decode_input_refuses_none():
     with pytest.raises(TypeError, match="data must be bytes"):
-        fastpath.decode_input(None)
+        frames.decode_input(None)
+
+
+def test_put_varint_refuses_a_negative_value_and_what_is_not_a_bytearray():
+    with pytest.raises(ValueError, match="unsigned"):
+        frames.put_varint(bytearray(), -1)
+    with pytest.raises(TypeError):
+        frames.put_varint(None, 1)
 
 
 def test_input_router_take_refuses_none():
-    router = fastpath.InputRouter({}, {})
+    router = inputs.InputRouter()
     with pytest.raises(TypeError, match="payload must be bytes"):
         router.take(1, None, 0.0)
 
 
-def test_on_input_fields_refuses_a_payload_of_none():
+def test_input_router_refuses_to_seat_a_peer_in_no_room():
+    with pytest.raises(TypeError):
+        inputs.InputRouter().seat(1, None)
+
+
+def test_accept_input_refuses_a_payload_of_none():
     with pytest.raises(TypeError, match="payload"):
-        fastpath.RoomCore().on_input_fields(1, 0, None, -1)
+        quiet_room().accept_input(1, 0, None, -1, 0.0)
 
 
-def test_record_close_refuses_a_negative_frame():
+def test_close_times_refuse_a_negative_frame():
     # Its slot is number % 256 in C: a negative number would write before the array.
-    room = fastpath.RoomCore()
+    close_times = timing.CloseTimes()
     with pytest.raises(ValueError, match="number must be >= 0"):
-        room.record_close(-1, 0.0)
-    room.record_close(0, 0.0)
+        close_times.record(-1, 0.0)
+    close_times.record(0, 0.0)
+    assert close_times.since(-1, 1.0) == -1.0 and close_times.since(0, 1.0) == 1.0
 
 
-class QuietRoom(fastpath.RoomCore):
-    history: object = None
+def test_input_timing_refuses_an_empty_window():
+    with pytest.raises(ValueError, match="at least 1"):
+        timing.InputTiming(0)
 
-    def __init__(self):
-        self.sent = []
+
+class QuietRoom(compiled_room.Room):
+    """A room whose fan-out only records what it sends."""
 
     def _send_stream(self, peer_id, data):
         self.sent.append((peer_id, data))
@@ -347,12 +366,18 @@ class QuietRoom(fastpath.RoomCore):
         pass
 
 
+def quiet_room():
+    room = QuietRoom("r", RelayConfig().rooms, 30, 0.0)
+    room.sent = []
+    return room
+
+
 def player(peer_id=1, slot=0):
-    return fastpath.Member(peer_id, "p%d" % peer_id, slot, False, timing=fastpath.InputTiming(8))
+    return compiled_room.Member(peer_id, "p%d" % peer_id, slot, False, timing=timing.InputTiming(8))
 
 
 def test_fan_out_refuses_a_zero_advice_interval():
-    room = QuietRoom()
+    room = quiet_room()
     room.members = {1: player()}
     with pytest.raises(ValueError, match="advice_every must be at least 1"):
         room.fan_out(0, b"frame", 0.0, -1, 150, 0)
@@ -361,9 +386,9 @@ def test_fan_out_refuses_a_zero_advice_interval():
 
 
 def test_fan_out_reads_a_spectators_frame_with_item_access():
-    room = QuietRoom()
+    room = quiet_room()
     room.history = [b"frame 0"]                 # a plain list: indexed out of range below
-    room.members = {2: fastpath.Member(2, "watcher", None, True, next_live=0)}
+    room.members = {2: compiled_room.Member(2, "watcher", None, True, next_live=0)}
     with pytest.raises(IndexError):
         room.fan_out(9, b"frame 9", 0.0, 5, 150, 1)
     room.fan_out(9, b"frame 9", 0.0, 0, 150, 1)
@@ -371,22 +396,24 @@ def test_fan_out_reads_a_spectators_frame_with_item_access():
 
 
 def test_fan_out_refuses_a_member_that_is_none():
-    room = QuietRoom()
+    room = quiet_room()
     room.members = {1: None}
     with pytest.raises(TypeError, match="members"):
         room.fan_out(0, b"frame", 0.0, -1, 150, 1)
 
 
 def test_collect_inputs_refuses_a_slot_that_is_none():
-    room = fastpath.RoomCore()
+    room = quiet_room()
     room.slots = [None]
     with pytest.raises(TypeError, match="slots"):
         room.collect_inputs(0)
 
 
-def test_encode_frame_refuses_a_negative_frame_number():
+def test_encode_frame_refuses_a_negative_frame_number_or_event_slot():
     with pytest.raises(ValueError, match="frame.number"):
-        fastpath.encode_frame(protocol.Frame(-5, [b"a"]))
+        frames.encode_frame(protocol.Frame(-5, [b"a"]))
+    with pytest.raises(ValueError, match="event slot"):
+        frames.encode_frame(protocol.Frame(5, [b"a"], [["join", -1, "bob"]]))
 
 
 class Meddler:
@@ -404,8 +431,8 @@ class Meddler:
 
 def test_encode_frame_survives_inputs_that_change_while_compared():
     inputs = [b"a" * 40, b"b" * 300, None, b"c"]
-    expected = fastpath.encode_frame(protocol.Frame(7, list(inputs)))
+    expected = frames.encode_frame(protocol.Frame(7, list(inputs)))
     frame = protocol.Frame(7, inputs)
     previous = [Meddler(inputs), Meddler(inputs)]
-    assert fastpath.encode_frame(frame, previous) == expected
+    assert frames.encode_frame(frame, previous) == expected
     assert inputs == []                     # it did change, during the call

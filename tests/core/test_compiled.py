@@ -13,10 +13,21 @@ def test_core_module_is_a_compiled_extension(name):
     assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
 
 
-@pytest.mark.parametrize("name", ["_fastpath", "_batchio"])
+@pytest.mark.parametrize("name", ["frames", "timing", "inputs", "room", "_batchio"])
 def test_server_hot_paths_are_compiled_extensions(name):
     module = importlib.import_module(f"relay.{name}")
     assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
+
+
+def test_the_room_is_compiled_with_its_c_fields_and_exports_accept_input():
+    # relay/room.py through relay/room.pxd (pure Python mode): the extension, not the source,
+    # is what imports, and relay.inputs reaches accept_input as a C function.
+    from relay import inputs, room
+
+    assert "accept_room_input" in room.__pyx_capi__
+    assert not hasattr(room.Room("r", __import__("relay.config").config.RelayConfig().rooms, 30, 0.0),
+                       "__dict__")
+    assert inputs.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
 
 
 def test_no_python_source_fallback_ships_for_compiled_modules():

@@ -111,3 +111,16 @@ def test_mutants_inside_annotations_are_found_only_under_postponed_annotations()
 
 def test_the_tool_parses():
     ast.parse((ROOT / "tools" / "mutation.py").read_text())
+
+
+def test_a_module_compiled_from_its_source_is_copied_without_its_extension():
+    import importlib.machinery
+
+    tool = _tool()
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    files = ["relay/room.py", "relay/room.pxd", f"relay/room{suffix}", f"relay/frames{suffix}",
+             f"relay_core/peer{suffix}", "relay/roomy.py"]
+    assert tool.without_extension_of("relay/room.py", files) == [
+        "relay/room.py", "relay/room.pxd", f"relay/frames{suffix}", f"relay_core/peer{suffix}",
+        "relay/roomy.py"]
+    assert tool.without_extension_of("relay/history.py", files) == files

@@ -18,8 +18,8 @@ aborts on the first report:
   servers, connecting clients, live sessions, forgeries, open and token mode, seeded from
   tests/vectors/*.json and captured sessions), tests/fuzz/fuzz_relay.py (the relay's own
   messages from connected clients through RelayServer, the InputRouter and the compiled
-  RoomCore, in memory, with its invariants), then a mutation loop over the server's INPUT
-  decoder (relay._fastpath.decode_input) and the batched socket read (relay._batchio).
+  Room, in memory, with its invariants), then a mutation loop over the server's INPUT
+  decoder (relay.frames.decode_input) and the batched socket read (relay._batchio).
 
 Cython 3.1-3.3 (what pyproject.toml's build requirements pin) is installed with pip into
 build/asan/cython if it is not there yet; each build is cached by a hash of the sources,
@@ -69,7 +69,8 @@ UNIT_TESTS = [
     "core/test_block.py", "core/test_connection.py", "core/test_lossy_link.py", "core/test_malformed.py",
     "core/test_vectors.py", "core/test_token.py", "core/test_token_limits.py", "core/test_secure_session.py",
     "core/test_migration.py", "core/test_message_sink.py", "core/test_redundancy_policy.py", "core/test_pacing.py",
-    "relay/test_protocol_limits.py", "relay/test_fastpath.py", "relay/test_batchio.py", "relay/test_room.py",
+    "relay/test_protocol_limits.py", "relay/test_inputs.py", "relay/test_frame_codec.py", "relay/test_batchio.py",
+    "relay/test_room.py",
     "relay/test_room_membership.py", "relay/test_frames.py", "relay/test_desync.py", "relay/test_input_delay.py",
     "e2e/test_limits.py", "relay/test_history.py", "relay/test_replay.py", "relay/test_config_ranges.py",
     "core/test_api_misuse.py", "core/test_compiled.py", "core/test_fuzz.py",
@@ -111,9 +112,15 @@ setuptools.Extension = AsanExtension
 original = Build.cythonize
 
 
+canary = [AsanExtension("asan_canary", ["asan_canary.pyx"])]
+
+
 def cythonize(extensions, **kwargs):
+    # setup.py calls it once per set of directives: the canary goes with the first call.
     kwargs.setdefault("nthreads", 2)
-    return original(list(extensions) + [AsanExtension("asan_canary", ["asan_canary.pyx"])], **kwargs)
+    extra = canary[:]
+    canary.clear()
+    return original(list(extensions) + extra, **kwargs)
 
 
 Build.cythonize = cythonize
@@ -125,7 +132,8 @@ runpy.run_path("setup.py", run_name="__main__")
 ENV_CHECK = '''
 import importlib, importlib.machinery, json, sys
 names = ["relay_core." + n for n in ("wire", "seqbuf", "rtt", "fragment", "channel", "block",
-                                        "peer", "endpoint")] + ["relay._batchio", "relay._fastpath"]
+                                        "peer", "endpoint")] + [
+    "relay._batchio", "relay.frames", "relay.timing", "relay.inputs", "relay.room"]
 files = {name: importlib.import_module(name).__file__ for name in names}
 maps = open("/proc/self/maps").read()
 libs = sorted({line.split()[-1] for line in maps.splitlines() if "san" in line.split()[-1]})
@@ -334,7 +342,7 @@ def test_atheris_fuzz_of_the_endpoint_under_asan(fuzz_build, tmp_path):
 def test_relay_fuzz_of_client_messages_under_asan(asan_build):
     """tests/fuzz/fuzz_relay.py on the gcc build: valid, mutated and hostile JOIN, READY,
     CHECKSUM, LEAVE and INPUT messages from in-memory clients through RelayServer._on_message,
-    the InputRouter and the compiled RoomCore (accept_input, collect_inputs, fan_out, the frame
+    the InputRouter and the compiled Room (accept_input, collect_inputs, fan_out, the frame
     encoder) with ticks, disconnects, timeouts, spectators and catch-up blocks; no ASan report,
     no broken invariant."""
     harness = ROOT / "tests" / "fuzz" / "fuzz_relay.py"
@@ -369,7 +377,7 @@ def test_input_decoder_and_batched_reads_fuzz_under_asan(asan_build):
 # -- the mutation loop (run as a script in the sanitized environment) ------------------------------
 
 def fuzz_decoders(seconds: float, runs: int) -> dict:
-    """relay._fastpath.decode_input on mutated, truncated and extended INPUT messages and random
+    """relay.frames.decode_input on mutated, truncated and extended INPUT messages and random
     bytes (whatever it accepts, relay.protocol must read the same), then relay._batchio reads
     of datagrams of every size around its buffer's (loopback UDP)."""
     import random
@@ -379,7 +387,7 @@ def fuzz_decoders(seconds: float, runs: int) -> dict:
 
     from relay import protocol
     from relay._batchio import BatchSocket
-    from relay._fastpath import decode_input
+    from relay.frames import decode_input
 
     rng = random.Random(24)
     started = time.monotonic()

@@ -1,5 +1,5 @@
 """Fuzzing the relay's own network entry point in memory: what connected clients send, through
-RelayServer, its Lobby, the InputRouter and the compiled RoomCore.
+RelayServer, its Lobby, the InputRouter and the compiled Room.
 
 tests/fuzz/fuzz_endpoint.py stops at relay_core. Here a real ``RelayServer`` (never started: no
 socket, no event loop, replays off) is driven the way its event loop drives it -- datagrams into
@@ -1106,7 +1106,7 @@ def fuzz(seed: int = 1, runs: int = 0, seconds: float = 0.0, modes=MODES, steps:
         if violations.total:
             break                   # the first run with a violation is the one to reproduce
     elapsed = time.monotonic() - started
-    from relay import _fastpath
+    from relay import inputs, room
     from relay_core import endpoint
     return {
         "runs": done, "steps": totals["steps"], "seconds": round(elapsed, 1),
@@ -1134,7 +1134,8 @@ def fuzz(seed: int = 1, runs: int = 0, seconds: float = 0.0, modes=MODES, steps:
         "exceptions": totals["exceptions"], "violations": violations.total,
         "last_run": last_run,       # the one to reproduce: RelayFuzz(seed, mode, steps=...).run()
         "violation_kinds": dict(violations.by_kind), "violation_samples": violations.samples,
-        "modules": {"relay._fastpath": _fastpath.__file__, "relay_core.endpoint": endpoint.__file__},
+        "modules": {"relay.inputs": inputs.__file__, "relay.room": room.__file__,
+                    "relay_core.endpoint": endpoint.__file__},
     }
 
 

@@ -227,7 +227,7 @@ def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(t
 
 
 def test_input_timing_keeps_the_last_window_and_takes_nearest_rank_percentiles():
-    from relay._fastpath import InputTiming
+    from relay.timing import InputTiming
 
     timing = InputTiming(5)
     assert timing.samples == 0 and timing.percentile(99) == 0.0
@@ -249,7 +249,7 @@ def test_input_timing_keeps_the_last_window_and_takes_nearest_rank_percentiles()
 def test_input_timing_percentiles_match_a_sort_on_random_windows():
     import random
 
-    from relay._fastpath import InputTiming
+    from relay.timing import InputTiming
 
     rng = random.Random(7)
     for window in (1, 2, 3, 10, 150):

@@ -1,7 +1,8 @@
 """The server's compiled paths give exactly what the Python paths give.
 
-relay._fastpath decodes INPUTs and hands them to rooms (InputRouter, as the core's message sink
-and over the event queue); Endpoint.send_many
+relay.inputs hands canonical INPUTs to rooms (InputRouter, as the core's message sink and over
+the event queue) where the lobby's general path would decode them (relay.protocol) and call
+Room.on_input; Endpoint.send_many
 queues one frame to many peers; Room.broadcast_frames asks for that with one Action. Each is
 checked against the general path it stands in for: the same inputs buffered, the same frames
 delivered, the same counters, and malformed input still dropped and counted.
@@ -12,9 +13,7 @@ import dataclasses
 
 import msgpack
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from relay import lobby as lobby_module, protocol
+from relay import protocol
 from relay.config import RelayConfig
 from relay.protocol import CONTROL, STREAM, Input
 from relay.room import Room
@@ -22,66 +21,8 @@ from relay.server import RelayServer
 from relay_core import ChannelConfig, Endpoint, EndpointConfig, MessageReceived, PeerDisconnected
 from relay_core.simlink import LinkedPair
 
-fastpath = pytest.importorskip("relay._fastpath")
-
-
 def packed_input(frame, payload, have, **options) -> bytes:
     return msgpack.packb([protocol.INPUT, frame, payload, have], use_bin_type=True, **options)
-
-
-# -- INPUT decoding -----------------------------------------------------------------------------
-
-EDGE_FRAMES = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1)
-EDGE_HAVES = (-1, 0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1)
-
-
-@pytest.mark.parametrize("frame", EDGE_FRAMES)
-@pytest.mark.parametrize("have", EDGE_HAVES)
-@pytest.mark.parametrize("size", (0, 16, 255, 256, 70000))
-def test_canonical_inputs_decode_as_the_general_decoder_does(frame, have, size):
-    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    data = packed_input(frame, payload, have)
-    assert fastpath.decode_input(data) == (frame, payload, have)
-    assert protocol.decode_client_message(data) == Input(frame, payload, have)
-
-
-@pytest.mark.parametrize("data", [
-    b"",
-    b"\x94",
-    packed_input(1, b"x", -1)[:-1],                         # truncated
-    packed_input(1, b"x", -1) + b"\x00",                    # trailing byte
-    msgpack.packb([protocol.INPUT, 1, "text", -1]),         # str, not bin
-    msgpack.packb([protocol.INPUT, -1, b"x", -1]),          # negative frame
-    msgpack.packb([protocol.INPUT, 2**32, b"x", -1]),       # frame beyond u32
-    msgpack.packb([protocol.INPUT, 1, b"x", -2]),           # have below -1
-    msgpack.packb([protocol.INPUT, 1, b"x", 1, 0]),         # a fifth field
-    msgpack.packb([protocol.INPUT, 1, b"x"]),               # a field short
-    msgpack.packb([protocol.INPUT, 1.0, b"x", -1]),         # float frame
-    msgpack.packb([protocol.INPUT, True, b"x", -1]),        # bool frame
-    b"\x94\x05\xcc\x05\xc4\x01x\xff",                        # frame 5 as uint8: not the shortest form
-    b"\x94\x05\x01\xc4\x01x\xd0\xff",                        # have -1 as int8: not the shortest form
-    b"\x94\x05\x01\xc4\x05x\xff",                            # bin length past the end
-    msgpack.packb([protocol.JOIN, "room", "player"]),
-])
-def test_anything_else_is_left_to_the_general_decoder(data):
-    assert fastpath.decode_input(data) is None
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.binary(max_size=40), st.integers(0, 2**32 - 1), st.binary(max_size=300),
-       st.integers(-1, 2**32 - 1), st.integers(0, 40), st.integers(0, 255))
-def test_whatever_the_fast_decoder_accepts_the_general_one_reads_the_same(
-        noise, frame, payload, have, position, byte):
-    data = bytearray(packed_input(frame, payload, have))
-    # Mutate one byte, or use random bytes: the fast decoder must never accept something the
-    # general decoder reads differently (or refuses).
-    if position < len(data):
-        data[position] = byte
-    for candidate in (bytes(data), noise):
-        decoded = fastpath.decode_input(candidate)
-        if decoded is None:
-            continue
-        assert protocol.decode_client_message(candidate) == Input(*decoded)
 
 
 # -- events to rooms ----------------------------------------------------------------------------
@@ -138,10 +79,10 @@ def traffic(players: int = 3):
 
 
 def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
-    """A server whose room r has had traffic(): through the general Python path, through
-    InputRouter.route over the event queue (compiled), or (through_sink) as the core hands
-    messages over: INPUTs to InputRouter.take while nothing is queued, the rest queued."""
-    monkeypatch.setattr(lobby_module, "_fastpath", fastpath if compiled else None)
+    """A server whose room r has had traffic(): through the lobby's general path (every event
+    to Lobby._on_event, INPUTs decoded by relay.protocol), through InputRouter.route over the
+    event queue (compiled), or (through_sink) as the core hands messages over: INPUTs to
+    InputRouter.take while nothing is queued, the rest queued."""
     config = RelayConfig()
     config.rooms = dataclasses.replace(config.rooms, capacity=4, start_players=3)
     server = RelayServer(config)
@@ -149,7 +90,7 @@ def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
     room = lobby.create_room("r", {}, 0.0)
     for peer in (1, 2, 3):
         room.join(peer, f"p{peer}", False, 0.0)
-        lobby.peer_room[peer] = "r"
+        lobby.inputs.seat(peer, room)
     room.take_actions()
     room.take_events()
     for _ in range(3):
@@ -166,6 +107,10 @@ def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
             continue
         queued.append(event)
     server.endpoint = lobby.endpoint = QueueEndpoint(queued)
+    if not compiled:
+        endpoint = lobby.endpoint
+        monkeypatch.setattr(lobby, "handle_events", lambda now: [
+            lobby._on_event(event, now) for event in iter(endpoint.next_event, None)])
     server.on_datagrams(0.05)
     return server, room
 
@@ -292,38 +237,6 @@ def test_traffic_totals_keep_the_traffic_of_closed_peers():
     pair.server.disconnect(pair.server_peer)
     assert pair.server.traffic_totals() == totals
     assert pair.server.link_samples() == ([], 0.0)
-
-
-# -- FRAME encoding -----------------------------------------------------------------------------
-
-payloads = st.one_of(st.none(), st.binary(max_size=200))
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.lists(payloads, max_size=20), st.lists(payloads, max_size=20),
-       st.booleans(), st.data())
-def test_the_compiled_frame_encoder_writes_the_same_bytes(number, inputs, previous, repeat, data):
-    if repeat:      # some slots the same as in the previous frame
-        inputs = [previous[i] if i < len(previous) and data.draw(st.booleans()) else value
-                  for i, value in enumerate(inputs)]
-    present = [slot for slot, value in enumerate(inputs) if value is not None]
-    synthesized = sorted(data.draw(st.sets(st.sampled_from(present)))) if present else []
-    frame = protocol.Frame(number, inputs, [], synthesized)
-    for prev in (previous, None, []):
-        expected = protocol.encode_frame(frame, prev)
-        assert fastpath.encode_frame(frame, prev) == expected
-        assert protocol.decode_frame(expected, prev).inputs == inputs
-
-
-def test_the_compiled_frame_encoder_refuses_what_the_python_one_refuses():
-    frame = protocol.Frame(3, [b"a", None], [], [1])
-    with pytest.raises(ValueError):
-        protocol.encode_frame(frame)
-    with pytest.raises(ValueError):
-        fastpath.encode_frame(frame)
-    with_events = protocol.Frame(4, [b"a", None], [["join", 1, "bob"]], [])
-    assert fastpath.encode_frame(with_events, [b"a"]) == protocol.encode_frame(with_events, [b"a"])
-    assert protocol.Frame.encode is not None and protocol._compiled_encode_frame is fastpath.encode_frame
 
 
 # -- flushing only when output is due ------------------------------------------------------------

@@ -1,0 +1,9 @@
+"""Python-visible API of relay.frames (compiled)."""
+from collections.abc import Iterable
+from typing import Any
+
+EVENT_KINDS: tuple[str, ...]
+
+def decode_input(data: bytes) -> tuple[int, bytes, int] | None: ...
+def put_varint(out: bytearray, value: int) -> None: ...
+def encode_frame(frame: Any, previous: Iterable[Any] | None = None) -> bytes: ...

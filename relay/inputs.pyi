@@ -1,0 +1,18 @@
+"""Python-visible API of relay.inputs (compiled)."""
+from collections.abc import Callable
+
+from relay.room import Room
+from relay_core.endpoint import Endpoint
+from relay_core.events import Event
+from relay_core.peer import MessageSink
+
+class InputRouter(MessageSink):
+    room_of_peer: dict[int, Room]
+    outcomes: dict[str, int]
+    refusals: list[tuple[int, str]]
+    def __init__(self) -> None: ...
+    def seat(self, peer_id: int, room: Room) -> None: ...
+    def unseat(self, peer_id: int) -> None: ...
+    def take(self, peer_id: int, payload: bytes, now: float) -> bool: ...
+    def route(self, endpoint: Endpoint, on_other: Callable[[Event, float], object],
+              on_refused: Callable[[int, str], object], now: float) -> int: ...

@@ -1,0 +1,127 @@
+"""INPUT messages from the core straight into their rooms, compiled.
+
+Every player sends an INPUT every frame, so this is the server's per-player-per-tick receive
+work. ``InputRouter`` is the core's message sink for the STREAM channel: a canonical INPUT (see
+relay.frames.decode_input) from a peer seated in a room goes to the room's ``accept_input`` as
+the core delivers it, with no event object, and its outcome is counted in a dict (the server
+turns the counts into metrics once per tick). Whatever the core queued as events instead (when
+other events were waiting, so that order holds) goes the same way through ``route``.
+Everything else -- control messages, connects and disconnects, non-canonical or malformed
+INPUTs, INPUTs from peers in no room -- goes to the lobby's ``on_other(event, now)``, whose
+general path gives the same result for the same message (tests/relay/test_inputs.py).
+
+The router owns the peer -> room mapping the lobby keeps up to date (``seat``, ``unseat``): one
+dict lookup per input finds the room. The compiled relay.room exports its ``accept_input`` as
+a C function (``accept_room_input``), which the router calls with no Python call per input;
+relay.room running uncompiled (tools/mutation.py mutates its source) is called as Python.
+"""
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.pycapsule cimport PyCapsule_GetPointer
+from libc.stdint cimport uint8_t, int64_t
+
+from relay import room as room_module
+from relay_core.events import MessageReceived
+from relay_core.peer cimport MessageSink
+from relay.frames cimport parse_input
+
+cdef enum:
+    STREAM_CHANNEL = 1
+
+ctypedef str (*AcceptRoomInput)(object room, int peer_id, long long frame, bytes payload,
+                                long long have, double now)
+# The capsule's name is the C signature relay/room.pxd declares: a mismatch fails the import.
+cdef const char* ACCEPT_ROOM_INPUT_SIGNATURE = (
+    b"PyObject *(PyObject *, int, PY_LONG_LONG, PyObject *, PY_LONG_LONG, double)")
+
+
+cdef AcceptRoomInput _compiled_accept():
+    capi = getattr(room_module, "__pyx_capi__", None)
+    if capi is None:            # relay.room is running as Python
+        return NULL
+    return <AcceptRoomInput>PyCapsule_GetPointer(capi["accept_room_input"],
+                                                 ACCEPT_ROOM_INPUT_SIGNATURE)
+
+
+cdef AcceptRoomInput accept_room_input = _compiled_accept()
+
+
+cdef class InputRouter(MessageSink):
+    """Canonical INPUTs on STREAM from peers in a room, into the room's ``accept_input``: as
+    the core delivers them (installed with ``Endpoint.set_message_sink``: no event object, no
+    queue) and from the event queue (``route``).
+
+    Outcomes are counted in ``outcomes`` (outcome -> count; the server publishes and clears it
+    every tick). A refusal taken during the core's receive waits in ``refusals`` until the next
+    ``route``, which reports it first: it came before anything in the queue.
+    """
+    cdef public dict room_of_peer       # peer id -> relay.room.Room
+    cdef public dict outcomes
+    cdef public list refusals           # (peer id, reason)
+
+    def __init__(self):
+        self.channel = STREAM_CHANNEL
+        self.room_of_peer = {}
+        self.outcomes = {}
+        self.refusals = []
+
+    def seat(self, int peer_id, room not None):
+        """Inputs from ``peer_id`` go to ``room`` from now on."""
+        self.room_of_peer[peer_id] = room
+
+    def unseat(self, int peer_id):
+        """``peer_id`` is in no room (any more); nothing if it was in none."""
+        self.room_of_peer.pop(peer_id, None)
+
+    cdef int _accept(self, int peer_id, bytes data, double now, object on_refused) except -1:
+        """1 when ``data`` is a canonical INPUT from a peer in a room (the room has had it),
+        else 0 (it is for the general path). A refusal goes to ``on_refused``, or waits in
+        ``refusals`` when that is None."""
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t start, length
+        cdef int64_t frame = 0, have = 0
+        cdef str outcome
+        if parse_input(p, PyBytes_GET_SIZE(data), &frame, &start, &length, &have) < 0:
+            return 0
+        room = self.room_of_peer.get(peer_id)
+        if room is None:
+            return 0
+        payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
+        if accept_room_input != NULL:
+            outcome = accept_room_input(room, peer_id, frame, payload, have, now)
+        else:
+            outcome = room.accept_input(peer_id, frame, payload, have, now)
+        if outcome.startswith("refused:"):
+            if on_refused is None:
+                self.refusals.append((peer_id, outcome[8:]))
+            else:
+                on_refused(peer_id, outcome[8:])
+        else:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        return 1
+
+    cpdef bint take(self, int peer_id, bytes payload, double now) except -1:
+        if payload is None:
+            raise TypeError("payload must be bytes, not None")
+        return self._accept(peer_id, payload, now, None) == 1
+
+    def route(self, endpoint, object on_other, object on_refused, double now):
+        """Report the refusals taken since the last call to ``on_refused(peer_id, reason)``,
+        then drain ``endpoint``'s events in order: INPUTs as ``take`` handles them, everything
+        else to ``on_other(event, now)``. Returns the number of inputs handled from the queue."""
+        cdef Py_ssize_t handled = 0
+        if self.refusals:
+            refusals, self.refusals = self.refusals, []
+            for peer_id, reason in refusals:
+                on_refused(peer_id, reason)
+        next_event = endpoint.next_event
+        while True:
+            event = next_event()
+            if event is None:
+                break
+            if (type(event) is MessageReceived and (<int>event.channel) == STREAM_CHANNEL
+                    and type(event.payload) is bytes
+                    and self._accept(event.peer_id, event.payload, now, on_refused)):
+                handled += 1
+                continue
+            on_other(event, now)
+        return handled

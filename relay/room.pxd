@@ -1,0 +1,88 @@
+# Compiles relay/room.py (Cython's pure Python mode): the room's fields, declared once, as C
+# fields, and its per-input and per-tick paths as C methods. relay/room.py stays a plain Python
+# module that runs the same uncompiled (tools/mutation.py mutates it so).
+cimport cython
+
+from relay.timing cimport CloseTimes, InputTiming
+
+
+cdef class Slot:
+    cdef public Py_ssize_t index
+    cdef public str player
+    cdef public object peer_id          # None while the player is away
+    cdef public bint ready
+    cdef public object away_since
+
+
+cdef class Member:
+    cdef public int peer_id
+    cdef public str player
+    cdef public object slot             # slot index, or None for a spectator
+    cdef public bint spectator
+    cdef public long long have
+    cdef public long long next_live
+    cdef public bint catching_up
+    cdef public long long blocks_in_flight
+    cdef public long long block_first
+    cdef public long long block_end
+    cdef public long long last_sent
+    cdef public object missing_from
+    cdef public bint reported
+    cdef public InputTiming timing
+
+
+cdef class Room:
+    cdef public str room_id
+    cdef public object settings
+    cdef public Py_ssize_t max_input_bytes
+    cdef public long long max_input_lead
+    cdef public bint drop_late_inputs
+    cdef public int tick_rate
+    cdef public object capacity
+    cdef public str start_policy
+    cdef public object start_players
+    cdef public str state
+    cdef public double created_at
+    cdef public object started_at
+    cdef public object empty_since
+    cdef public list slots
+    cdef public dict members
+    cdef public long long open_frame
+    cdef public object history
+    cdef public dict pending_inputs
+    cdef public list pending_events
+    cdef public list last_inputs
+    cdef public str missing_input_policy
+    cdef public object neutral_input
+    cdef public long long synthesized_inputs
+    cdef public dict checksums
+    cdef public object first_desync
+    cdef public set reported_desyncs
+    cdef public dict pending_desyncs
+    cdef public object end_reason
+    cdef public list actions
+    cdef public list events
+    cdef public bint broadcast_frames
+    cdef readonly CloseTimes close_times
+
+    @cython.locals(member=Member, inputs=dict, outcome=str)
+    cpdef str accept_input(self, int peer_id, long long frame, bytes payload, long long have,
+                           double now)
+
+    @cython.locals(timing=InputTiming)
+    cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
+
+    @cython.locals(received=dict, previous=list, inputs=list, synthesized=list, make_up=bint,
+                   repeat=bint, index=Py_ssize_t, slot=Slot)
+    cpdef tuple collect_inputs(self, long long number)
+
+    @cython.locals(broadcast=list, member=Member, slot_index="long long")
+    cpdef list fan_out(self, long long number, bytes data, double now, long long spectator_frame,
+                       long long catchup_frames, long long advice_every)
+
+
+# accept_input for C callers that hold a room as an object (relay.inputs): exported in the
+# compiled module's __pyx_capi__.
+@cython.locals(typed_room=Room)
+cdef str accept_room_input(object room, int peer_id, long long frame, bytes payload, long long have,
+                           double now)
