@@ -14,16 +14,16 @@ extensions = [
     # The FRAME encoder and the canonical-INPUT decoder.
     Extension("relay.frames", ["relay/frames.pyx"], extra_compile_args=["-O2"]),
     # Input timing's C rings (per player and per room).
-    Extension("relay.timing", ["relay/timing.pyx"], extra_compile_args=["-O2"]),
+    Extension("relay.server.timing", ["relay/server/timing.pyx"], extra_compile_args=["-O2"]),
     # INPUTs from the core straight into their rooms.
-    Extension("relay.inputs", ["relay/inputs.pyx"], extra_compile_args=["-O2"]),
+    Extension("relay.server.inputs", ["relay/server/inputs.pyx"], extra_compile_args=["-O2"]),
 ]
 
 # Python source compiled through its .pxd (Cython's pure Python mode): Python's semantics, so
 # bounds and negative indexes checked as in Python, and annotations are documentation only
 # (the .pxd gives the C types).
 PURE_PYTHON_MODE = [
-    Extension("relay.room", ["relay/room.py"], extra_compile_args=["-O2"]),
+    Extension("relay.server.room", ["relay/server/room.py"], extra_compile_args=["-O2"]),
 ]
 
 setup(

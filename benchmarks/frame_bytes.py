@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Bytes on the wire per player per second, downstream, for a room of 8 players.
 
-The real relay room (``relay.room.Room``) and the relay's own endpoint configuration
-(``relay.lobby.endpoint_config``) drive 8 client endpoints (``relay.client.client_config``)
+The real relay room (``relay.server.room.Room``) and the relay's own endpoint configuration
+(``relay.server.lobby.endpoint_config``) drive 8 client endpoints (``relay.client.client_config``)
 through ``relay_core.simlink.LossyLink`` in simulated time, on a 1 ms grid: 30 Hz ticks, 4-byte
 inputs, each client sends its input for frame N + delay when it has decoded frame N, as the SDK
 does. Every datagram the relay sends to a player is counted with 28 bytes of IPv4 + UDP header
@@ -59,8 +59,8 @@ from relay import protocol  # noqa: E402
 from relay.client import client_config  # noqa: E402
 from relay.config import load_config  # noqa: E402
 from relay.protocol import CONTROL, STREAM, FrameDecoder, Input, Join  # noqa: E402
-from relay.room import Room  # noqa: E402
-from relay.lobby import endpoint_config  # noqa: E402
+from relay.server.room import Room  # noqa: E402
+from relay.server.lobby import endpoint_config  # noqa: E402
 from relay_core import (  # noqa: E402
     Endpoint, MessageReceived, PeerConnected, decode_packet,
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Round-trip latency under loss: our redundant and reliable_ordered channels vs ENet and KCP.
 
-The experiment of the reference thesis (section 6), on loopback through relay.netem:
+The experiment of the reference thesis (section 6), on loopback through relay.tools.netem:
 
 * a client sends an 80-byte message every 30 ms (1000 of them; ``--count``) carrying its send
   time; the server echoes it on the same reliable ordered stream; the client records each
@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:           # run as a script from anywhere
 
 from benchmarks import adapters  # noqa: E402
 from benchmarks.machine import cpu_model, usable_cores  # noqa: E402
-from relay.netem import LinkSettings, Netem  # noqa: E402
+from relay.tools.netem import LinkSettings, Netem  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # The experiment's parameters
@@ -906,7 +906,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="loss_latency",
         description="Round-trip latency of a 30 ms echo stream under loss: ours (redundant, "
-                    "reliable_ordered) vs ENet vs KCP, through relay.netem on loopback.")
+                    "reliable_ordered) vs ENet vs KCP, through relay.tools.netem on loopback.")
     add_arguments(parser)
     args = parser.parse_args(argv)
     args.argv = ["python3", "benchmarks/loss_latency.py",

@@ -23,7 +23,7 @@ import urllib.request
 if __package__ in (None, ""):           # run as a file: import benchmarks as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from relay.bot import run_bots  # noqa: E402
+from relay.tools.bot import run_bots  # noqa: E402
 
 
 def free_port(kind: int) -> int:

@@ -1,7 +1,7 @@
 """Soak: a relay under player churn on a lossy link, watched for lost frames, leaks and errors.
 
 Starts ``relay serve`` as its own process on loopback (its log captured to a file) and runs
-``--rooms`` rooms from this process, every client through one ``relay.netem`` emulator with
+``--rooms`` rooms from this process, every client through one ``relay.tools.netem`` emulator with
 ``--loss`` percent loss each way plus delay and jitter. In each room one anchor player stays for
 the room's whole life; the others churn at random (seeded): new players join (late joiners get
 the history first), players leave, vanish silently (their socket closes: the relay times them
@@ -54,7 +54,7 @@ if __package__ in (None, ""):           # run as a file: import benchmarks as a 
 
 from benchmarks.machine import cpu_model, usable_cores  # noqa: E402
 from relay.client import RelayClient, RelayError  # noqa: E402
-from relay.netem import LinkSettings, Netem  # noqa: E402
+from relay.tools.netem import LinkSettings, Netem  # noqa: E402
 from relay_core.token import mint_token  # noqa: E402
 
 # Join refusals a churning player may meet by design: its slot went to a newcomer after the

@@ -11,7 +11,7 @@ frame N + 2 on every FRAME N, as benchmarks/loadgen.py's). Only the server's cal
 Per tick, as the server does it under load:
 
     receive   Endpoint.receive_batch of every player's datagrams
-    events    the core's events to the rooms (INPUTs through relay.inputs)
+    events    the core's events to the rooms (INPUTs through relay.server.inputs)
     tick      every room closes its frame and hands it to the core (RelayServer.tick)
     flush     Endpoint.datagrams_to_send: one datagram per player
 
@@ -37,7 +37,7 @@ if __package__ in (None, ""):           # run as a file: import benchmarks as a 
 from benchmarks.players import MEMORY_SERVER_ADDRESS, ROOM_SIZE, MemoryPlayer
 from relay.config import RelayConfig
 from relay.logs import configure as configure_logs
-from relay.server import GC_THRESHOLD, RelayServer
+from relay.server.daemon import GC_THRESHOLD, RelayServer
 
 PHASES = ("receive", "events", "tick", "flush")
 

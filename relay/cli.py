@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                                         "RELAY_<SECTION>_<KEY> variables override single settings)")
     serve.set_defaults(func=_serve_command)
 
-    from relay import bot, netem, replay
+    from relay import replay
 
+    from relay.tools import bot, netem
     bot_parser = sub.add_parser("bot", help="headless bots that play and verify a room")
     bot.add_arguments(bot_parser)
     bot_parser.set_defaults(func=bot.run_from_args)

@@ -8,7 +8,7 @@ byte (tests/relay/test_frame_codec.py). ``decode_input`` reads only the canonica
 an INPUT (what every client library writes: ``[5, frame, bin payload, have]`` with the shortest
 integer forms); any other encoding returns None and the message takes the general decoder,
 relay.protocol.decode_client_message, which accepts or rejects it with a reason.
-``parse_input`` is the same for C callers (relay.inputs, which routes INPUTs to rooms).
+``parse_input`` is the same for C callers (relay.server.inputs, which routes INPUTs to rooms).
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, int64_t
@@ -125,7 +125,7 @@ cdef inline Py_ssize_t _put_varint(uint8_t* out, Py_ssize_t pos, Py_ssize_t valu
 
 
 def put_varint(bytearray out not None, Py_ssize_t value):
-    """Append ``value`` as an unsigned LEB128 varint (FRAME fields; also relay.history)."""
+    """Append ``value`` as an unsigned LEB128 varint (FRAME fields; also relay.server.history)."""
     cdef uint8_t encoded[VARINT_MAX_BYTES]
     if value < 0:
         raise ValueError(f"a varint is unsigned, got {value}")

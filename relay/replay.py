@@ -882,7 +882,7 @@ def desync_bundle(path, frame: int, radius: int = 30, from_start: bool = False) 
     history, the verdict at ``frame`` and at the first diverging frame, and the desync events.
     Inputs are bytes; ``bundle_json`` turns them into hex. Raises ReplayError for a missing or
     unreadable file or a frame the file does not hold."""
-    from relay.room import desync_verdict
+    from relay.server.room import desync_verdict
 
     if not isinstance(frame, int) or frame < 0:
         raise ValueError(f"frame must be a non-negative integer, not {frame!r}")

@@ -5,7 +5,7 @@ burst, then independent), a rate-limited bottleneck with a bounded drop-tail que
 uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its own
 jitter. The caller passes the time in and pulls the datagrams that have arrived, so the same
 model runs in simulated time (``LinkedPair``, benchmarks) and behind real sockets
-(``relay.netem``, which only adds timers and sockets around it).
+(``relay.tools.netem``, which only adds timers and sockets around it).
 
 Units, everywhere in this module: times in seconds, probabilities as fractions 0..1, sizes in
 bytes, rates in bits per second (IP/UDP headers counted, ``IP_UDP_OVERHEAD_BYTES``).

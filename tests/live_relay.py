@@ -5,7 +5,7 @@ import hashlib
 
 from relay.client import RelayClient
 from relay.config import load_config
-from relay.netem import LinkSettings
+from relay.tools.netem import LinkSettings
 from relay.server import RelayServer
 
 BAD_LINK = LinkSettings(loss=10, delay=20, jitter=10)

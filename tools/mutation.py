@@ -5,8 +5,8 @@ Every run works on throw-away copies of the tree in a temporary directory (the
 tracked and untracked, not-ignored files plus the compiled extensions built in
 place by ``pip install -e``), so the working tree is never modified, even if the
 run is interrupted; the copies are removed on exit. A module that is itself
-compiled from its .py (Cython's pure Python mode, e.g. relay/room.py with
-relay/room.pxd) is copied without its extension, so the mutated source is what
+compiled from its .py (Cython's pure Python mode, e.g. relay/server/room.py with
+relay/server/room.pxd) is copied without its extension, so the mutated source is what
 imports and runs.
 
 For each module it:
@@ -25,7 +25,7 @@ Survivors listed in tools/mutation_equivalent.toml (file, the line's code, colum
 operator, why) are reported as equivalent and left out of the score.
 
     python tools/mutation.py                           # every configured module
-    python tools/mutation.py --module relay/room.py    # one module
+    python tools/mutation.py --module relay/server/room.py    # one module
     python tools/mutation.py --changed                 # modules touched since HEAD~1
     python tools/mutation.py --changed origin/main --sample 60 --jobs 2
 
@@ -111,7 +111,7 @@ def tree_files() -> list[str]:
 
 
 def without_extension_of(module: str, files: list[str]) -> list[str]:
-    """``files`` less the compiled extension built from ``module`` (``relay/room.py`` ->
+    """``files`` less the compiled extension built from ``module`` (``relay/server/room.py`` ->
     ``relay/room.cpython-311-x86_64-linux-gnu.so``): Python imports an extension before the
     source next to it, so a copy that kept it would test the unmutated build."""
     stem = module.removesuffix(".py")

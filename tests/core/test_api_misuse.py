@@ -17,7 +17,7 @@ from collections import deque
 import pytest
 
 from relay import protocol
-from relay import room as compiled_room
+from relay.server import room as compiled_room
 from relay.config import RelayConfig
 from relay_core import Endpoint, EndpointConfig
 from relay_core.channel import make_receive_channel, make_send_channel
@@ -28,8 +28,8 @@ from relay_core.wire import encode_packet
 
 batchio = pytest.importorskip("relay._batchio")
 frames = pytest.importorskip("relay.frames")
-inputs = pytest.importorskip("relay.inputs")
-timing = pytest.importorskip("relay.timing")
+inputs = pytest.importorskip("relay.server.inputs")
+timing = pytest.importorskip("relay.server.timing")
 
 CHANNELS = len(EndpointConfig().channels)
 
@@ -309,7 +309,7 @@ def test_batch_socket_send_from_an_offset_copies_only_the_rest():
             io.send(datagrams, -1)
 
 
-# -- relay.frames, relay.inputs, relay.timing, relay.room -------------------------------------------
+# -- relay.frames, relay.server.inputs, relay.server.timing, relay.server.room ----------------------------
 
 def test_decode_input_refuses_none():
     with pytest.raises(TypeError, match="data must be bytes"):

@@ -13,16 +13,17 @@ def test_core_module_is_a_compiled_extension(name):
     assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
 
 
-@pytest.mark.parametrize("name", ["frames", "timing", "inputs", "room", "_batchio"])
+@pytest.mark.parametrize("name", ["relay.frames", "relay._batchio", "relay.server.timing", "relay.server.inputs",
+                                  "relay.server.room"])
 def test_server_hot_paths_are_compiled_extensions(name):
-    module = importlib.import_module(f"relay.{name}")
+    module = importlib.import_module(name)
     assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
 
 
 def test_the_room_is_compiled_with_its_c_fields_and_exports_accept_input():
-    # relay/room.py through relay/room.pxd (pure Python mode): the extension, not the source,
-    # is what imports, and relay.inputs reaches accept_input as a C function.
-    from relay import inputs, room
+    # relay/server/room.py through room.pxd (pure Python mode): the extension, not the source,
+    # is what imports, and relay.server.inputs reaches accept_input as a C function.
+    from relay.server import inputs, room
 
     assert "accept_room_input" in room.__pyx_capi__
     assert not hasattr(room.Room("r", __import__("relay.config").config.RelayConfig().rooms, 30, 0.0),

@@ -1,6 +1,6 @@
 """Endpoint.set_message_sink: one channel's messages handed over as the core delivers them.
 
-The relay server installs one for player inputs (relay.inputs.InputRouter). What it relies
+The relay server installs one for player inputs (relay.server.inputs.InputRouter). What it relies
 on: the sink sees exactly the messages an event consumer would, once each and in order; never
 a message ahead of an earlier event; and whatever the sink declines, or fails on, still arrives
 as a MessageReceived event.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.netem import LinkSettings
+from relay.tools.netem import LinkSettings
 from relay_core.simlink import IP_UDP_OVERHEAD_BYTES, Bottleneck, LinkProfile, LossyLink
 
 

@@ -23,7 +23,7 @@ def _tool():
 def test_every_configured_module_and_test_file_exists():
     settings, modules = _tool().load_config()
     assert 0 < settings["threshold"] <= 100
-    assert set(modules) >= {"relay/room.py", "relay/history.py", "relay/protocol.py",
+    assert set(modules) >= {"relay/server/room.py", "relay/server/history.py", "relay/protocol.py",
                             "relay_core/token.py", "relay/config.py"}
     for module, tests in modules.items():
         assert (ROOT / module).is_file(), module
@@ -67,7 +67,7 @@ def test_changed_lines_reads_added_and_changed_lines_from_a_zero_context_diff(mo
         stdout = diff
 
     monkeypatch.setattr(tool.subprocess, "run", lambda *a, **k: Done())
-    assert tool.changed_lines("HEAD~1", "relay/room.py") == {11, 12, 13, 43}
+    assert tool.changed_lines("HEAD~1", "relay/server/room.py") == {11, 12, 13, 43}
 
 
 def test_an_equivalent_entry_matches_its_line_wherever_it_moved():
@@ -118,9 +118,9 @@ def test_a_module_compiled_from_its_source_is_copied_without_its_extension():
 
     tool = _tool()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    files = ["relay/room.py", "relay/room.pxd", f"relay/room{suffix}", f"relay/frames{suffix}",
+    files = ["relay/server/room.py", "relay/server/room.pxd", f"relay/room{suffix}", f"relay/frames{suffix}",
              f"relay_core/peer{suffix}", "relay/roomy.py"]
-    assert tool.without_extension_of("relay/room.py", files) == [
-        "relay/room.py", "relay/room.pxd", f"relay/frames{suffix}", f"relay_core/peer{suffix}",
+    assert tool.without_extension_of("relay/server/room.py", files) == [
+        "relay/server/room.py", "relay/server/room.pxd", f"relay/frames{suffix}", f"relay_core/peer{suffix}",
         "relay/roomy.py"]
-    assert tool.without_extension_of("relay/history.py", files) == files
+    assert tool.without_extension_of("relay/server/history.py", files) == files

@@ -133,7 +133,7 @@ ENV_CHECK = '''
 import importlib, importlib.machinery, json, sys
 names = ["relay_core." + n for n in ("wire", "seqbuf", "rtt", "fragment", "channel", "block",
                                         "peer", "endpoint")] + [
-    "relay._batchio", "relay.frames", "relay.timing", "relay.inputs", "relay.room"]
+    "relay._batchio", "relay.frames", "relay.server.timing", "relay.server.inputs", "relay.server.room"]
 files = {name: importlib.import_module(name).__file__ for name in names}
 maps = open("/proc/self/maps").read()
 libs = sorted({line.split()[-1] for line in maps.splitlines() if "san" in line.split()[-1]})

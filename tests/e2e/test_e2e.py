@@ -13,7 +13,7 @@ import pytest
 
 from relay import protocol
 from relay.client import RelayClient, RelayError, replay_frames
-from relay.netem import Netem
+from relay.tools.netem import Netem
 from relay.replay import ReplayReader
 from relay.server import RelayServer
 

@@ -19,7 +19,7 @@ from relay.client import RelayClient, RelayError, client_config
 from relay.config import ConfigError, load_config
 from relay.protocol import STREAM, STREAM_WINDOW
 from relay.replay import ReplayReader, enforce_disk_cap
-from relay.lobby import endpoint_config
+from relay.server.lobby import endpoint_config
 from relay.server import RelayServer
 from relay_core import MessageReceived
 from relay_core.simlink import LinkedPair

@@ -11,7 +11,7 @@ import structlog
 
 from relay.client import RelayClient
 from relay.config import load_config
-from relay.netem import LinkSettings, Netem
+from relay.tools.netem import LinkSettings, Netem
 from relay.server import RelayServer
 from relay_core.token import generate_key, mint_token
 

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay.client import RelayClient, RelayError
 from relay.config import ConfigError, load_config
-from relay.http import create_app
-from relay.metrics import Metrics
+from relay.server.http import create_app
+from relay.server.metrics import Metrics
 from relay.server import RelayServer
 from relay_core.token import ConnectToken, generate_key, mint_token
 

@@ -89,9 +89,9 @@ from relay.client import client_config
 from relay.config import RelayConfig
 from relay.errors import RelayError
 from relay.protocol import CONTROL, STREAM, Input, ProtocolError
-from relay.room import ENDED
-from relay.scheduler import MAX_CATCH_UP_TICKS
-from relay.server import LimitLog, RelayServer
+from relay.server.room import ENDED
+from relay.server.scheduler import MAX_CATCH_UP_TICKS
+from relay.server.daemon import LimitLog, RelayServer
 from relay_core import BlockReceived, Endpoint, MessageReceived, PeerConnected, PeerDisconnected
 from relay_core.token import mint_token
 
@@ -796,7 +796,7 @@ class RelayFuzz:
         for conn in list(self.connections.values()):
             self.pump_client(conn)
         self.flush_server()
-        while self.now >= self.next_tick:      # as relay.scheduler fires them
+        while self.now >= self.next_tick:      # as relay.server.scheduler fires them
             behind = self.now - self.next_tick
             if behind > MAX_CATCH_UP_TICKS * self.tick:     # a stall: re-anchored, not caught up
                 self.next_tick += int(behind / self.tick) * self.tick
@@ -957,7 +957,7 @@ class RelayFuzz:
                 conn.sent_stream.append(data)
 
     def admin(self) -> None:
-        """The admin API's room calls (relay.http calls them on the loop): the one way a room
+        """The admin API's room calls (relay.server.http calls them on the loop): the one way a room
         ends with members in it."""
         rng = self.rng
         room_id = rng.choice(ROOM_NAMES)
@@ -1106,7 +1106,7 @@ def fuzz(seed: int = 1, runs: int = 0, seconds: float = 0.0, modes=MODES, steps:
         if violations.total:
             break                   # the first run with a violation is the one to reproduce
     elapsed = time.monotonic() - started
-    from relay import inputs, room
+    from relay.server import inputs, room
     from relay_core import endpoint
     return {
         "runs": done, "steps": totals["steps"], "seconds": round(elapsed, 1),
@@ -1134,7 +1134,7 @@ def fuzz(seed: int = 1, runs: int = 0, seconds: float = 0.0, modes=MODES, steps:
         "exceptions": totals["exceptions"], "violations": violations.total,
         "last_run": last_run,       # the one to reproduce: RelayFuzz(seed, mode, steps=...).run()
         "violation_kinds": dict(violations.by_kind), "violation_samples": violations.samples,
-        "modules": {"relay.inputs": inputs.__file__, "relay.room": room.__file__,
+        "modules": {"relay.server.inputs": inputs.__file__, "relay.server.room": room.__file__,
                     "relay_core.endpoint": endpoint.__file__},
     }
 

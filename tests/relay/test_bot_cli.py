@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from relay import bot
+from relay.tools import bot
 from relay.cli import main
 from relay.config import load_config
 from relay.server import RelayServer

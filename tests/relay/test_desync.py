@@ -12,7 +12,7 @@ import pytest
 from relay import protocol
 from relay.protocol import Frame
 from relay.replay import ReplayError, ReplayReader, ReplayWriter, desync_bundle, main
-from relay.room import desync_verdict
+from relay.server.room import desync_verdict
 
 from test_room import running
 

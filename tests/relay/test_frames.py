@@ -10,7 +10,7 @@ import pytest
 
 from relay import protocol
 from relay.protocol import Frame, FrameDecoder, ProtocolError, decode_frame, frame_number
-from relay.room import RUNNING
+from relay.server.room import RUNNING
 
 from test_room import Harness, make_room
 
@@ -208,7 +208,7 @@ def test_a_late_joiner_and_a_caught_up_player_decode_the_same_frames():
 @pytest.mark.slow
 def test_players_and_a_late_joiner_decode_identical_frames_over_a_lossy_link(tmp_path):
     from relay.client import RelayClient, replay_frames
-    from relay.netem import Netem
+    from relay.tools.netem import Netem
     from relay.replay import ReplayReader
 
     from live_relay import BAD_LINK, Player, running_server

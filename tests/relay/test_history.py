@@ -7,9 +7,9 @@ import zlib
 
 import pytest
 
-from relay import history as history_module
+from relay.server import history as history_module
 from relay import protocol
-from relay.history import SPILL_FRAMES, FrameHistory
+from relay.server.history import SPILL_FRAMES, FrameHistory
 
 
 def frames(count: int) -> list[bytes]:

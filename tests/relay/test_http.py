@@ -1,4 +1,4 @@
-"""The admin HTTP API (relay/http.py) against a fake server, and the metrics (relay/metrics.py)."""
+"""The admin HTTP API (relay/server/http.py) against a fake server, and the metrics (relay/server/metrics.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
-from relay.http import MAX_BODY_SIZE, create_app, start_http, stop_http
-from relay.metrics import DROP_REASON_LABELS, TOTALS, Metrics
+from relay.server.http import MAX_BODY_SIZE, create_app, start_http, stop_http
+from relay.server.metrics import DROP_REASON_LABELS, TOTALS, Metrics
 from relay_core import DROP_REASONS
 
 
@@ -280,14 +280,14 @@ def test_unknown_route_and_wrong_method_are_json():
 def test_unexpected_exception_is_500_json_and_logged(caplog):
     async def scenario(client, server, metrics):
         server.explode = True
-        with caplog.at_level(logging.ERROR, logger="relay.http"):
+        with caplog.at_level(logging.ERROR, logger="relay.server.http"):
             body = await expect(await client.get("/rooms"), 500, "internal")
         assert "secret" not in json.dumps(body)
         assert "Traceback" not in json.dumps(body)
         server.explode = False
         await expect(await client.get("/rooms"), 200)     # the server keeps serving
     run(scenario)
-    records = [r for r in caplog.records if r.name == "relay.http"]
+    records = [r for r in caplog.records if r.name == "relay.server.http"]
     assert records and records[0].exc_info is not None
     assert "GET /rooms" in records[0].getMessage()
 

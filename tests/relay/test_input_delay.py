@@ -11,7 +11,7 @@ import pytest
 from relay import protocol
 from relay.client import InputDelayAdvice, RelayClient
 from relay.protocol import Input, Welcome
-from relay.room import ADVICE_MIN_SAMPLES
+from relay.server.room import ADVICE_MIN_SAMPLES
 
 from test_room import Harness, make_room
 
@@ -177,7 +177,7 @@ def test_without_auto_the_advice_is_only_reported():
 
 @pytest.mark.slow
 def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(tmp_path):
-    from relay.netem import LinkSettings, Netem
+    from relay.tools.netem import LinkSettings, Netem
 
     from live_relay import running_server
 
@@ -227,7 +227,7 @@ def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(t
 
 
 def test_input_timing_keeps_the_last_window_and_takes_nearest_rank_percentiles():
-    from relay.timing import InputTiming
+    from relay.server.timing import InputTiming
 
     timing = InputTiming(5)
     assert timing.samples == 0 and timing.percentile(99) == 0.0
@@ -249,7 +249,7 @@ def test_input_timing_keeps_the_last_window_and_takes_nearest_rank_percentiles()
 def test_input_timing_percentiles_match_a_sort_on_random_windows():
     import random
 
-    from relay.timing import InputTiming
+    from relay.server.timing import InputTiming
 
     rng = random.Random(7)
     for window in (1, 2, 3, 10, 150):

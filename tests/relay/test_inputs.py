@@ -1,6 +1,6 @@
 """The server's compiled paths give exactly what the Python paths give.
 
-relay.inputs hands canonical INPUTs to rooms (InputRouter, as the core's message sink and over
+relay.server.inputs hands canonical INPUTs to rooms (InputRouter, as the core's message sink and over
 the event queue) where the lobby's general path would decode them (relay.protocol) and call
 Room.on_input; Endpoint.send_many
 queues one frame to many peers; Room.broadcast_frames asks for that with one Action. Each is
@@ -16,7 +16,7 @@ import pytest
 from relay import protocol
 from relay.config import RelayConfig
 from relay.protocol import CONTROL, STREAM, Input
-from relay.room import Room
+from relay.server.room import Room
 from relay.server import RelayServer
 from relay_core import ChannelConfig, Endpoint, EndpointConfig, MessageReceived, PeerDisconnected
 from relay_core.simlink import LinkedPair

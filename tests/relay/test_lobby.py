@@ -11,7 +11,7 @@ from relay import protocol
 from relay.client import client_config
 from relay.config import RelayConfig
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
-from relay.lobby import LOBBY_EVENTS, Lobby, room_options
+from relay.server.lobby import LOBBY_EVENTS, Lobby, room_options
 from relay_core import Endpoint, MessageReceived
 
 SERVER = ("127.0.0.1", 7777)

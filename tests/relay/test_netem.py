@@ -1,4 +1,4 @@
-"""relay.netem: the user-space UDP link emulator, driven through real loopback sockets.
+"""relay.tools.netem: the user-space UDP link emulator, driven through real loopback sockets.
 
 Each scenario runs on its own event loop (asyncio.Runner, so uvloop can be used too) and stays
 small: a few hundred datagrams, delays of tens of milliseconds. The impairment decisions are
@@ -21,7 +21,7 @@ import time
 import pytest
 import uvloop
 
-from relay.netem import LinkSettings, Netem, add_arguments, main, settings_from_args
+from relay.tools.netem import LinkSettings, Netem, add_arguments, main, settings_from_args
 
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 LOCALHOST = "127.0.0.1"
@@ -482,7 +482,7 @@ def test_module_entry_point_relays_and_stops_on_sigterm():
     client.settimeout(5)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     process = subprocess.Popen(
-        [sys.executable, "-m", "relay.netem", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "relay.tools.netem", "--listen", "127.0.0.1:0",
          "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}", "--delay", "20",
          "--report-seconds", "0.1", "--seed", "1"],
         cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

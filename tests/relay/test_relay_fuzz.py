@@ -20,7 +20,7 @@ from fuzz_relay import Membership, RelayFuzz, RoomRecord, Violations, check_room
 
 from relay import protocol  # noqa: E402
 from relay.protocol import Frame, Input, Welcome  # noqa: E402
-from relay.room import RUNNING  # noqa: E402
+from relay.server.room import RUNNING  # noqa: E402
 from relay_core import BlockReceived, MessageReceived  # noqa: E402
 
 SEED = 5
@@ -86,8 +86,8 @@ def test_a_run_is_determined_by_its_seed():
 
 def test_a_relay_bug_is_caught_by_a_run(monkeypatch):
     """End to end: history blocks that lack their first frame (a bug planted in the room)."""
-    from relay import lobby
-    from relay.room import Action, Room
+    from relay.server import lobby
+    from relay.server.room import Action, Room
 
     class BuggyRoom(Room):      # the compiled Room's methods cannot be patched; a subclass's can
         def _queue_history(self, member, start, stop):

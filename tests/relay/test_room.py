@@ -12,7 +12,7 @@ import pytest
 from relay import protocol
 from relay.config import RoomSettings
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
-from relay.room import DESYNC_WAIT_FRAMES, ENDED, RUNNING, WAITING, JoinRefused, Room
+from relay.server.room import DESYNC_WAIT_FRAMES, ENDED, RUNNING, WAITING, JoinRefused, Room
 
 TICK_RATE = 30
 
@@ -884,9 +884,9 @@ def test_a_reused_slot_carries_nothing_of_its_previous_owner():
 
 
 def test_a_history_block_over_the_size_limit_is_split_until_each_part_fits(monkeypatch):
-    import relay.room
+    import relay.server.room
 
-    monkeypatch.setattr(relay.room.protocol, "MAX_BLOCK_SIZE", 40)
+    monkeypatch.setattr(relay.server.room.protocol, "MAX_BLOCK_SIZE", 40)
     harness, (alice, bob) = running()
     harness.tick(35)
     late = harness.join("late")
@@ -901,9 +901,9 @@ def test_a_history_block_over_the_size_limit_is_split_until_each_part_fits(monke
 
 
 def test_a_long_history_goes_in_several_blocks(monkeypatch):
-    import relay.room
+    import relay.server.room
 
-    monkeypatch.setattr(relay.room, "HISTORY_BLOCK_FRAMES", 10)
+    monkeypatch.setattr(relay.server.room, "HISTORY_BLOCK_FRAMES", 10)
     harness, (alice, bob) = running()
     harness.tick(35)
     late = harness.join("late")

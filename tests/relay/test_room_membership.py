@@ -9,7 +9,7 @@ import dataclasses
 
 from relay import protocol
 from relay.config import RelayConfig
-from relay.room import DESYNC_WAIT_FRAMES, RUNNING, WAITING, Room
+from relay.server.room import DESYNC_WAIT_FRAMES, RUNNING, WAITING, Room
 
 from test_room import Harness, make_room, running
 

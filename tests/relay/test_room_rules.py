@@ -42,7 +42,7 @@ def test_the_drop_late_input_policy_read_from_a_file_drops_late_inputs(tmp_path)
     path = tmp_path / "relay.toml"
     path.write_text('[rooms]\nlate_input_policy = "drop"\n')
     settings = load_config(path, environ={}).rooms
-    from relay.room import Room
+    from relay.server.room import Room
 
     harness = Harness(Room("arena", settings, 30, 0.0, start_policy="players", start_players=2,
                            capacity=4))
@@ -94,7 +94,7 @@ def test_checksums_older_than_the_window_are_forgotten():
 
 
 def test_desync_groups_are_listed_largest_first_then_by_name():
-    from relay.room import desync_verdict
+    from relay.server.room import desync_verdict
 
     verdict, groups, minority = desync_verdict({"a": 1, "b": 2, "c": 2})
     assert (verdict, groups, minority) == ("minority", [["b", "c"], ["a"]], ["a"])
@@ -216,7 +216,7 @@ def test_only_a_timeout_makes_a_timed_out_event_every_other_reason_a_left_one():
 
 
 def test_spectators_past_max_spectators_are_refused_at_any_count():
-    from relay.room import JoinRefused
+    from relay.server.room import JoinRefused
 
     harness, (alice, bob) = running(max_spectators=300)
     for n in range(300):
@@ -229,7 +229,7 @@ def test_spectators_past_max_spectators_are_refused_at_any_count():
 def test_a_response_time_of_exactly_two_frames_is_advised_two_frames():
     # 32 Hz: a frame is 31.25 ms, and 62.5 ms is exact in binary, so no rounding blurs it.
     from relay.config import RoomSettings
-    from relay.room import Room
+    from relay.server.room import Room
 
     settings = RoomSettings(input_delay_margin=0.0)
     harness = Harness(Room("arena", settings, 32, 0.0, start_policy="players", start_players=2,

@@ -2,8 +2,8 @@
 import asyncio
 import time
 
-from relay.metrics import Metrics
-from relay.scheduler import TickScheduler
+from relay.server.metrics import Metrics
+from relay.server.scheduler import TickScheduler
 
 
 def test_ticks_keep_their_schedule_without_drift():

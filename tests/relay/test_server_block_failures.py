@@ -16,10 +16,10 @@ import dataclasses
 
 import pytest
 
-import relay.room
+import relay.server.room
 from relay import protocol
 from relay.config import RelayConfig
-from relay.room import Room
+from relay.server.room import Room
 
 
 class StandInEndpoint:
@@ -60,7 +60,7 @@ def too_large(data: bytes) -> ValueError:
 
 
 def make_lobby():
-    from relay.lobby import Lobby
+    from relay.server.lobby import Lobby
 
     config = RelayConfig()
     config = dataclasses.replace(config, security=dataclasses.replace(config.security,
@@ -140,7 +140,7 @@ def test_later_parts_of_a_history_whose_first_part_was_refused_do_not_end_the_re
     # and takes the other two, which it still delivers. Before: the refusal set the in-flight
     # count to 0, so those two deliveries were taken off the repair's count, and the member was
     # marked caught up while the repair's last part was still in flight.
-    monkeypatch.setattr(relay.room, "HISTORY_BLOCK_FRAMES", 4)
+    monkeypatch.setattr(relay.server.room, "HISTORY_BLOCK_FRAMES", 4)
     lobby = make_lobby()
     room = running_room(lobby, 10)
     room.join(2, "late", False, 1.0)
@@ -167,7 +167,7 @@ def test_later_parts_of_a_history_whose_first_part_was_refused_do_not_end_the_re
 
 @pytest.mark.parametrize("refused", [1, 2])
 def test_a_refused_later_part_keeps_the_parts_before_it_counted(monkeypatch, refused):
-    monkeypatch.setattr(relay.room, "HISTORY_BLOCK_FRAMES", 4)
+    monkeypatch.setattr(relay.server.room, "HISTORY_BLOCK_FRAMES", 4)
     lobby = make_lobby()
     room = running_room(lobby, 10)
     room.join(2, "late", False, 1.0)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.bot import TokenMinter, run_bots
+from relay.tools.bot import TokenMinter, run_bots
 from relay.cli import main, parse_ttl
 from relay.config import load_config, parse_keys, read_key_file
 from relay.server import RelayServer

@@ -1,9 +1,9 @@
-# Compiles relay/room.py (Cython's pure Python mode): the room's fields, declared once, as C
-# fields, and its per-input and per-tick paths as C methods. relay/room.py stays a plain Python
+# Compiles relay/server/room.py (Cython's pure Python mode): the room's fields, declared once, as C
+# fields, and its per-input and per-tick paths as C methods. relay/server/room.py stays a plain Python
 # module that runs the same uncompiled (tools/mutation.py mutates it so).
 cimport cython
 
-from relay.timing cimport CloseTimes, InputTiming
+from relay.server.timing cimport CloseTimes, InputTiming
 
 
 cdef class Slot:
@@ -81,7 +81,7 @@ cdef class Room:
                        long long catchup_frames, long long advice_every)
 
 
-# accept_input for C callers that hold a room as an object (relay.inputs): exported in the
+# accept_input for C callers that hold a room as an object (relay.server.inputs): exported in the
 # compiled module's __pyx_capi__.
 @cython.locals(typed_room=Room)
 cdef str accept_room_input(object room, int peer_id, long long frame, bytes payload, long long have,

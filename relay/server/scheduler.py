@@ -22,7 +22,7 @@ class TickScheduler:
         self.metrics = metrics
         self.ticks = 0
         self.skipped = 0
-        self.log = get_logger("relay.scheduler")
+        self.log = get_logger("relay.server.scheduler")
         self._task: Optional[asyncio.Task] = None
 
     def start(self) -> None:

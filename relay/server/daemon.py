@@ -3,8 +3,8 @@
 The server owns what the lobby must not: the UDP socket (through a transport driver), the HTTP
 side, the clocks and timers, and everything that reports to the outside world. Datagrams
 received in one loop iteration all go into the core before the lobby handles the core's events
-(relay.lobby); a tick loop calls the lobby's tick at the configured rate. After each, the
-server observes what the lobby reports -- logs, metrics, Agones, replays (relay.recording) --
+(relay.server.lobby); a tick loop calls the lobby's tick at the configured rate. After each, the
+server observes what the lobby reports -- logs, metrics, Agones, replays (relay.server.recording) --
 and flushes what the core has to send.
 """
 from __future__ import annotations
@@ -15,14 +15,14 @@ import time
 from typing import Any, Optional
 
 import relay
-from relay.agones import AgonesClient
+from relay.server.agones import AgonesClient
 from relay.config import RelayConfig, is_loopback
-from relay.lobby import LOBBY_EVENTS, Lobby
+from relay.server.lobby import LOBBY_EVENTS, Lobby
 from relay.logs import get_logger
-from relay.metrics import Metrics
-from relay.recording import ReplayRecorder
-from relay.room import RUNNING, WAITING, Room, RoomEvent
-from relay.scheduler import TickScheduler
+from relay.server.metrics import Metrics
+from relay.server.recording import ReplayRecorder
+from relay.server.room import RUNNING, WAITING, Room, RoomEvent
+from relay.server.scheduler import TickScheduler
 from relay.transport import (
     BATCHED_IO, BatchedEndpointDriver, EndpointDriver, open_batched_driver, open_driver,
 )
@@ -115,7 +115,7 @@ class RelayServer:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from relay.http import start_http
+        from relay.server.http import start_http
 
         self.loop = asyncio.get_running_loop()
         server = self.config.server
@@ -188,7 +188,7 @@ class RelayServer:
         self._flush()
         self.recorder.close_all(reason)
         if self._http_runner is not None:
-            from relay.http import stop_http
+            from relay.server.http import stop_http
 
             await stop_http(self._http_runner)
         if self.driver is not None:
@@ -382,7 +382,7 @@ class RelayServer:
             metrics.rtt.observe(rtt)
         self._publish_counts()
 
-    # -- admin API (called by relay.http on the loop thread) ---------------------------------
+    # -- admin API (called by relay.server.http on the loop thread) ---------------------------------
 
     def health(self) -> dict:
         return {"status": "ok", "version": relay.__version__,

@@ -139,7 +139,7 @@ class AgonesClient:
                  session_factory: Optional[Callable[[], aiohttp.ClientSession]] = None,
                  environ: Optional[Mapping[str, str]] = None):
         self.settings = settings
-        self.log = log if log is not None else get_logger("relay.agones")
+        self.log = log if log is not None else get_logger("relay.server.agones")
         self.enabled = bool(settings.enabled)
         self.player_tracking = bool(settings.player_tracking)
         self._session_factory = session_factory

@@ -11,15 +11,15 @@ INPUTs, INPUTs from peers in no room -- goes to the lobby's ``on_other(event, no
 general path gives the same result for the same message (tests/relay/test_inputs.py).
 
 The router owns the peer -> room mapping the lobby keeps up to date (``seat``, ``unseat``): one
-dict lookup per input finds the room. The compiled relay.room exports its ``accept_input`` as
+dict lookup per input finds the room. The compiled relay.server.room exports its ``accept_input`` as
 a C function (``accept_room_input``), which the router calls with no Python call per input;
-relay.room running uncompiled (tools/mutation.py mutates its source) is called as Python.
+relay.server.room running uncompiled (tools/mutation.py mutates its source) is called as Python.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdint cimport uint8_t, int64_t
 
-from relay import room as room_module
+from relay.server import room as room_module
 from relay_core.events import MessageReceived
 from relay_core.peer cimport MessageSink
 from relay.frames cimport parse_input
@@ -29,14 +29,14 @@ cdef enum:
 
 ctypedef str (*AcceptRoomInput)(object room, int peer_id, long long frame, bytes payload,
                                 long long have, double now)
-# The capsule's name is the C signature relay/room.pxd declares: a mismatch fails the import.
+# The capsule's name is the C signature relay/server/room.pxd declares: a mismatch fails the import.
 cdef const char* ACCEPT_ROOM_INPUT_SIGNATURE = (
     b"PyObject *(PyObject *, int, PY_LONG_LONG, PyObject *, PY_LONG_LONG, double)")
 
 
 cdef AcceptRoomInput _compiled_accept():
     capi = getattr(room_module, "__pyx_capi__", None)
-    if capi is None:            # relay.room is running as Python
+    if capi is None:            # relay.server.room is running as Python
         return NULL
     return <AcceptRoomInput>PyCapsule_GetPointer(capi["accept_room_input"],
                                                  ACCEPT_ROOM_INPUT_SIGNATURE)
@@ -54,7 +54,7 @@ cdef class InputRouter(MessageSink):
     every tick). A refusal taken during the core's receive waits in ``refusals`` until the next
     ``route``, which reports it first: it came before anything in the queue.
     """
-    cdef public dict room_of_peer       # peer id -> relay.room.Room
+    cdef public dict room_of_peer       # peer id -> relay.server.room.Room
     cdef public dict outcomes
     cdef public list refusals           # (peer id, reason)
 

@@ -25,9 +25,9 @@ from typing import Optional
 from relay import protocol
 from relay.config import RelayConfig, RoomSettings
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
-from relay.inputs import InputRouter
+from relay.server.inputs import InputRouter
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Join, ProtocolError
-from relay.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room, RoomEvent
+from relay.server.room import ENDED, RUNNING, WAITING, Action, JoinRefused, Room, RoomEvent
 from relay_core import (
     BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
     PeerDisconnected, PeerMigrated,

@@ -109,7 +109,7 @@ class FrameHistory:
     def _log_failure(self, error: OSError, **fields) -> None:
         # Every failure is counted; a disk that keeps failing is logged at 1, 2, 4, 8, ...
         if self.spool_failures & (self.spool_failures - 1) == 0:
-            get_logger("relay.history").warning("history_spool_failed", error=str(error),
+            get_logger("relay.server.history").warning("history_spool_failed", error=str(error),
                                                 failures=self.spool_failures, **fields)
 
     def _read(self, start: int, end: int) -> bytes:

@@ -1,4 +1,4 @@
-"""Python-visible API of relay.timing (compiled)."""
+"""Python-visible API of relay.server.timing (compiled)."""
 
 class InputTiming:
     @property

@@ -1,7 +1,7 @@
-"""Python-visible API of relay.inputs (compiled)."""
+"""Python-visible API of relay.server.inputs (compiled)."""
 from collections.abc import Callable
 
-from relay.room import Room
+from relay.server.room import Room
 from relay_core.endpoint import Endpoint
 from relay_core.events import Event
 from relay_core.peer import MessageSink

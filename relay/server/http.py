@@ -3,7 +3,7 @@
 Everything is JSON in and out. Every error — a refusal from the server (``RelayError``), a bad
 request body, an unknown route, a wrong method, an unexpected exception — is answered as
 ``{"error": code, "message": text}`` with the matching status; exceptions are logged on
-``relay.http`` and never shown to the client.
+``relay.server.http`` and never shown to the client.
 
 Routes::
 
@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn
 from aiohttp import web
 
 from relay.errors import RelayError
-from relay.lobby import ROOM_OPTION_TYPES
+from relay.server.lobby import ROOM_OPTION_TYPES
 from relay.protocol import MAX_NAME_LENGTH
 
 if TYPE_CHECKING:
-    from relay.metrics import Metrics
+    from relay.server.metrics import Metrics
 
-log = logging.getLogger("relay.http")
+log = logging.getLogger("relay.server.http")
 
 MAX_BODY_SIZE = 64 * 1024
 MAX_REASON_LENGTH = 256

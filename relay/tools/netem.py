@@ -28,7 +28,7 @@ Library use (tests, benchmarks)::
     await emulator.stop()
 
 Command line: ``relay netem --listen HOST:PORT --upstream HOST:PORT [--loss 10 --delay 20 ...]``
-or ``python -m relay.netem ...``; it prints the stats as one JSON line on exit (and every
+or ``python -m relay.tools.netem ...``; it prints the stats as one JSON line on exit (and every
 ``--report-seconds``).
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ class _Link:
         self.settings = settings
         self.recording = record_decisions
         # A string seed is hashed deterministically (unlike a tuple), and differs per direction.
-        self.model = LossyLink(settings.profile(), f"relay.netem/{seed}/{name}",
+        self.model = LossyLink(settings.profile(), f"relay.tools.netem/{seed}/{name}",
                                decision_limit if record_decisions else 0)
         self.counters = _DeliveryCounters()
         self.loop: Optional[asyncio.AbstractEventLoop] = None

@@ -17,7 +17,7 @@ The room also times every player's inputs: how long after it sent frame H (the n
 client said it holds) the input arrived. A high percentile of that, in frames, is the input
 delay the player needs for its inputs to make their frames; the room advises it (INPUT_DELAY).
 
-Compiled: relay/room.pxd declares ``Slot``, ``Member`` and ``Room`` as extension types with C
+Compiled: relay/server/room.pxd declares ``Slot``, ``Member`` and ``Room`` as extension types with C
 fields (every tick and every input reads them for every player) and their per-input and
 per-tick methods as C methods (``accept_input``, ``collect_inputs``, ``fan_out``). This file is
 the source of both: uncompiled it is the same room, in plain Python.
@@ -30,9 +30,9 @@ from typing import Optional
 
 from relay import protocol
 from relay.config import RoomSettings
-from relay.history import FrameHistory
+from relay.server.history import FrameHistory
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
-from relay.timing import CloseTimes, InputTiming
+from relay.server.timing import CloseTimes, InputTiming
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
 ACCEPTED, LATE = "accepted", "late"
@@ -416,7 +416,7 @@ class Room:
                                  -1.0 if now is None else now)
 
     def accept_input(self, peer_id: int, frame: int, payload: bytes, have: int, now: float) -> str:
-        """``on_input`` with the message's fields (relay.inputs calls it for every canonical
+        """``on_input`` with the message's fields (relay.server.inputs calls it for every canonical
         INPUT); ``now`` < 0: the input is not timed."""
         if type(payload) is not bytes:
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
@@ -684,9 +684,9 @@ class Room:
 
 def accept_room_input(room: Room, peer_id: int, frame: int, payload: bytes, have: int,
                       now: float) -> str:
-    """``room.accept_input(...)``: relay.inputs calls it as a C function when this module is
+    """``room.accept_input(...)``: relay.server.inputs calls it as a C function when this module is
     compiled (no Python call per input); ``room`` must be a Room."""
-    typed_room = room       # a Room in relay/room.pxd: the type is checked, the call is C
+    typed_room = room       # a Room in relay/server/room.pxd: the type is checked, the call is C
     return typed_room.accept_input(peer_id, frame, payload, have, now)
 
 
