@@ -112,7 +112,7 @@ def tree_files() -> list[str]:
 
 def without_extension_of(module: str, files: list[str]) -> list[str]:
     """``files`` less the compiled extension built from ``module`` (``relay/server/room.py`` ->
-    ``relay/room.cpython-311-x86_64-linux-gnu.so``): Python imports an extension before the
+    ``relay/server/room.cpython-311-x86_64-linux-gnu.so``): Python imports an extension before the
     source next to it, so a copy that kept it would test the unmutated build."""
     stem = module.removesuffix(".py")
     built = {stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}

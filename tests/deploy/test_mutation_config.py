@@ -118,9 +118,9 @@ def test_a_module_compiled_from_its_source_is_copied_without_its_extension():
 
     tool = _tool()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    files = ["relay/server/room.py", "relay/server/room.pxd", f"relay/room{suffix}", f"relay/frames{suffix}",
-             f"relay_core/peer{suffix}", "relay/roomy.py"]
+    files = ["relay/server/room.py", "relay/server/room.pxd", f"relay/server/room{suffix}",
+             f"relay/frames{suffix}", f"relay_core/peer{suffix}", "relay/server/roomy.py"]
     assert tool.without_extension_of("relay/server/room.py", files) == [
         "relay/server/room.py", "relay/server/room.pxd", f"relay/frames{suffix}", f"relay_core/peer{suffix}",
-        "relay/roomy.py"]
+        "relay/server/roomy.py"]
     assert tool.without_extension_of("relay/server/history.py", files) == files
