@@ -142,7 +142,7 @@ class _Link:
         self.settings = settings
         self.recording = record_decisions
         # A string seed is hashed deterministically (unlike a tuple), and differs per direction.
-        self.model = LossyLink(settings.profile(), f"relay.tools.netem/{seed}/{name}",
+        self.model = LossyLink(settings.profile(), f"relay.netem/{seed}/{name}",
                                decision_limit if record_decisions else 0)
         self.counters = _DeliveryCounters()
         self.loop: Optional[asyncio.AbstractEventLoop] = None

@@ -404,7 +404,7 @@ def test_forged_source_flood_costs_no_state_and_the_room_plays_on(relay, capsys)
         await wait_for(lambda: all(bot.frames >= 15 for bot in bots), 10)
         loop = asyncio.get_running_loop()
         rss_before = relay.rss_kib()
-        before = await loop.run_in_executor(None, relay.server.metrics)
+        before = await loop.run_in_executor(None, relay.metrics)
         kernel_drops = udp_receive_buffer_errors()
 
         flooding = loop.create_task(run_flood(relay, *sum([["--capture", c] for c in captures], []),
@@ -421,7 +421,7 @@ def test_forged_source_flood_costs_no_state_and_the_room_plays_on(relay, capsys)
         report = flooding.result()
         report["kernel_drops"] = udp_receive_buffer_errors() - kernel_drops
         await asyncio.sleep(1.5)                          # the relay syncs its counters every second
-        after = await loop.run_in_executor(None, relay.server.metrics)
+        after = await loop.run_in_executor(None, relay.metrics)
         await wait_for(lambda: late.frames >= 15, 10)
         await loop.run_in_executor(None, relay.end_room, "flood")
         for bot in bots:
@@ -467,15 +467,15 @@ def test_one_hammering_source_is_rate_limited_and_nobody_else_notices(relay, cap
         await asyncio.gather(*[bot.connect() for bot in bots])
         await wait_for(lambda: all(bot.frames >= 15 for bot in bots), 10)
         loop = asyncio.get_running_loop()
-        quiet = await loop.run_in_executor(None, relay.server.metrics)
+        quiet = await loop.run_in_executor(None, relay.metrics)
         await asyncio.sleep(2.0)
-        before = await loop.run_in_executor(None, relay.server.metrics)
+        before = await loop.run_in_executor(None, relay.metrics)
         quiet_rate = (before["relay_datagrams_sent_total"] - quiet["relay_datagrams_sent_total"]) / 2.0
         report = await run_flood(relay, "--kinds", "connect_request", "--single-source", hammer,
                                  "--capture", f"{hammer}:41000", "--capture", f"{bystander}:41000",
                                  "--capture-kind", "connect_request", seconds=3.0)
         await asyncio.sleep(1.5)
-        after = await loop.run_in_executor(None, relay.server.metrics)
+        after = await loop.run_in_executor(None, relay.metrics)
         await loop.run_in_executor(None, relay.end_room, "steady")
         for bot in bots:
             await bot.finish()
@@ -521,13 +521,13 @@ def test_junk_from_the_players_own_addresses_changes_nothing(relay, capsys):
         await asyncio.gather(*[bot.connect() for bot in bots])
         await wait_for(lambda: all(bot.frames >= 15 for bot in bots), 10)
         loop = asyncio.get_running_loop()
-        before = await loop.run_in_executor(None, relay.server.metrics)
+        before = await loop.run_in_executor(None, relay.metrics)
         spoof = sum([["--spoof", f"127.0.0.1:{bot.client.driver.transport.get_extra_info('sockname')[1]}"]
                      for bot in bots], [])
         report = await run_flood(relay, "--kinds", "data,connect_response", "--method", "raw", *spoof,
                                  seconds=3.0)
         await asyncio.sleep(1.5)
-        after = await loop.run_in_executor(None, relay.server.metrics)
+        after = await loop.run_in_executor(None, relay.metrics)
         peers = (await loop.run_in_executor(None, relay.health))["peers"]
         frames_at_flood_end = [bot.frames for bot in bots]
         await wait_for(lambda: all(bot.frames >= f + 15 for bot, f in zip(bots, frames_at_flood_end)), 10)
