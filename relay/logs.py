@@ -36,9 +36,9 @@ def get_logger(name: str = "relay"):
 
 
 # Until someone configures structlog (the CLI does, with the configured level and format), the
-# relay's events are rendered as relay's key=value lines at the default level (info): structlog's own default renders every
-# logged exception with rich where rich is installed, at about a second each, which stalls the
-# event loop of a server whose tick keeps failing.
+# relay's events are rendered as relay's key=value lines at the default level (info):
+# structlog's own default renders every logged exception with rich where rich is installed, at
+# about a second each, which stalls the event loop of a server whose tick keeps failing.
 if not structlog.is_configured():
     structlog.configure(processors=_processors("text"),
                         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
