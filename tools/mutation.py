@@ -106,7 +106,7 @@ def tree_files() -> list[str]:
     ).stdout.decode().split("\0")
     files = [f for f in listed if f and (ROOT / f).is_file()]
     for d in COMPILED_DIRS:
-        files += [str(p.relative_to(ROOT)) for p in (ROOT / d).glob("*.so")]
+        files += [str(p.relative_to(ROOT)) for p in (ROOT / d).rglob("*.so")]
     return sorted(set(files))
 
 

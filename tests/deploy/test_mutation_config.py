@@ -6,6 +6,7 @@ checks need neither, so a renamed test file or a stale equivalent entry fails he
 
 import ast
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -124,3 +125,12 @@ def test_a_module_compiled_from_its_source_is_copied_without_its_extension():
         "relay/server/room.py", "relay/server/room.pxd", f"relay/frames{suffix}", f"relay_core/peer{suffix}",
         "relay/server/roomy.py"]
     assert tool.without_extension_of("relay/server/history.py", files) == files
+
+
+def test_the_copied_tree_holds_every_extension_setup_py_builds():
+    # Subpackages too: a copy without relay/server's extensions cannot import the server.
+    tool = _tool()
+    files = tool.tree_files()
+    for name in re.findall(r'Extension\("([\w.]+)"', (ROOT / "setup.py").read_text()):
+        stem = name.replace(".", "/") + "."
+        assert any(f.startswith(stem) and f.endswith(".so") for f in files), name
