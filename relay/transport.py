@@ -191,7 +191,8 @@ class BatchedEndpointDriver:
     left unwatched until the interval is up (what arrives meanwhile waits in the kernel's receive
     buffer), so a loaded server wakes about once per interval instead of once per handful of
     datagrams -- each wake-up costs a scheduler switch, an event-loop turn and a
-    flush. ``read_now()`` reads at once (the relay server calls it before closing a tick's
+    flush. While every interval's pass finds datagrams the socket stays unwatched and a timer
+    reads it; the watch comes back once a pass finds nothing. ``read_now()`` reads at once (the relay server calls it before closing a tick's
     frames, so no waiting input misses its frame).
 
     ``defer_flush``: after a read pass the owner gets the core's events at once, but the core
@@ -277,8 +278,16 @@ class BatchedEndpointDriver:
         self._read_paused = None
         if self.is_closing:
             return
-        self.loop.add_reader(self._fd, self._on_readable)
-        self._on_readable()         # what arrived while paused, at once
+        count = self._read_pass()          # what arrived while paused, at once
+        if 0 < count < self.max_batches * self.io.max_datagrams:
+            # Still busy: read again one interval from now and leave the socket unwatched, which
+            # spares the two epoll_ctl calls (and the loop's bookkeeping) of watching it again
+            # only to unwatch it after the next pass.
+            self._read_paused = self.loop.call_later(self.read_interval, self._resume_reading)
+        else:
+            # Quiet (wake on the next datagram), or more waiting than a pass takes (the
+            # level-triggered watch fires again at once).
+            self.loop.add_reader(self._fd, self._on_readable)
 
     def read_now(self) -> int:
         """Read and hand to the core whatever is waiting, now (even while paused by

@@ -420,6 +420,44 @@ def test_datagrams_reach_the_endpoint_batched_and_the_answers_go_out():
     run(scenario())
 
 
+def test_a_busy_socket_is_read_by_a_timer_and_watched_again_once_quiet():
+    """Under steady traffic a read_interval driver reads every interval without watching and
+    unwatching the socket each time (two epoll_ctl calls an interval); once traffic stops it
+    watches the socket again, and the next datagram is read at once."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        watches = []
+        add_reader = loop.add_reader
+        loop.add_reader = lambda fd, callback: (watches.append(loop.time()), add_reader(fd, callback))
+        received = []
+        driver = await open_batched_driver(server_endpoint(), ("127.0.0.1", 0), lambda now: None,
+                                           on_received=received.append, read_interval=0.005)
+        address = driver.transport.get_extra_info("sockname")
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                watches.clear()
+                for _ in range(60):             # ~0.18 s of a datagram every 3 ms
+                    sock.sendto(b"x" * 20, address)
+                    await asyncio.sleep(0.003)
+                busy_watches = len(watches)
+                await asyncio.sleep(0.05)       # quiet: the socket is watched again
+                assert driver._read_paused is None and len(watches) == busy_watches + 1
+                before = len(received)
+                sock.sendto(b"y" * 20, address)
+                for _ in range(100):
+                    await asyncio.sleep(0.001)
+                    if len(received) > before:
+                        break
+                assert len(received) == before + 1
+            # Busy: about one pass per 5 ms; watched again at most a few times, not per pass.
+            assert len(received) == 61
+            assert busy_watches <= 3, busy_watches
+        finally:
+            driver.close()
+
+    run(scenario())
+
+
 def test_the_timer_waits_for_its_deadline_instead_of_spinning_on_a_millisecond_clock():
     import uvloop
 
