@@ -370,7 +370,10 @@ cdef class Endpoint:
         while self.due_count and self.due_heap[0].deadline <= now:
             entry = self._due_pop()
             peer = self.peers.get(entry.peer_id)
-            if peer is not None and peer.schedule_generation == entry.generation and not peer.dirty:
+            if peer is None or peer.schedule_generation != entry.generation:
+                continue                        # superseded by an earlier one, or the peer is gone
+            peer.queued_deadline = -1.0
+            if not peer.dirty:
                 peer.dirty = True
                 peers.append(peer)
         for peer in peers:
@@ -381,9 +384,14 @@ cdef class Endpoint:
     cdef void _schedule(self, Peer peer):
         cdef double deadline = peer.next_deadline()
         peer.scheduled_deadline = deadline
+        if deadline < 0.0 or 0.0 <= peer.queued_deadline <= deadline:
+            # Its live entry comes first (or nothing is due): that visit, early at worst, will
+            # reschedule it. A peer flushed every tick whose deadline keeps moving later (an ack
+            # retires an RTO) thus costs no heap entry per flush: one per deadline reached.
+            return
         peer.schedule_generation += 1
-        if deadline >= 0.0:
-            self._due_push(deadline, peer.peer_id, peer.schedule_generation)
+        peer.queued_deadline = deadline
+        self._due_push(deadline, peer.peer_id, peer.schedule_generation)
 
     cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1:
         cdef Py_ssize_t i, parent, capacity

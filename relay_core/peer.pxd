@@ -42,6 +42,7 @@ cdef class Peer:
     cdef readonly int peer_id
     cdef public unsigned long long schedule_generation   # which entry of the endpoint's heap is current
     cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
+    cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
     cdef readonly object address
     cdef readonly int state
     cdef readonly uint32_t session_id
