@@ -11,6 +11,12 @@ which compares them across players and answers DESYNC if they differ.
     python examples/lockstep_client.py 127.0.0.1:7777 --room demo --player alice --frames 300
     python examples/lockstep_client.py 127.0.0.1:7777 --room demo --player bob --frames 300
 
+Against a relay in token mode each player passes the connect token minted for it, which names
+its room and player:
+
+    python examples/lockstep_client.py RELAY_HOST:7777 --token "$(relay token mint \
+        --room demo --player alice --ttl 5m --key-file keys.toml)"
+
 (see examples/README.md). The core is ``run()``, an ordinary coroutine that tests import.
 """
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Callable, Optional
 
 from relay.client import RelayClient, RelayError
 from relay.protocol import Frame
+from relay_core.token import ConnectToken
 
 WORLD_SIZE = 1024
 SPEED = 3
@@ -120,12 +127,16 @@ class RunResult:
     error: Optional[str] = None
 
 
-async def run(host: str, port: int, room: str, player: str, frames: int, *,
+async def run(host: str, port: int, room: Optional[str], player: Optional[str], frames: int, *,
               input_delay: int = 2, checksum_every: int = 30, start_timeout: float = 60.0,
               timeout: float = 10.0, linger: float = 0.5,
               log: Optional[Callable[[str], None]] = None,
-              perturb_at: Optional[int] = None, auto_input_delay: bool = False) -> RunResult:
+              perturb_at: Optional[int] = None, auto_input_delay: bool = False,
+              token: Optional[str] = None) -> RunResult:
     """Join ``room`` as ``player``, play frames 0 .. frames-1, return the final world.
+
+    ``token``: the connect token (its text, ``rt1.``...) for a relay in token mode; ``room``
+    and ``player`` may then be None: the token names them.
 
     ``input_delay``: our input for frame N + input_delay is sent once frame N is applied;
     ``auto_input_delay``: follow the relay's advice instead (the SDK changes the delay without
@@ -138,7 +149,9 @@ async def run(host: str, port: int, room: str, player: str, frames: int, *,
         raise ValueError("frames, input_delay and checksum_every must be >= 1")
     say = log or (lambda text: None)
     client = await RelayClient.connect(host, port, room, player, timeout=timeout,
-                                       input_delay=input_delay, auto_input_delay=auto_input_delay)
+                                       input_delay=input_delay, auto_input_delay=auto_input_delay,
+                                       token=token)
+    room, player = client.room, client.player
     welcome = client.welcome
     world = World()
     result = RunResult(player, welcome.slot, 0, world.snapshot(), live_from=welcome.next_frame)
@@ -212,8 +225,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Toy lockstep game client for the relay.")
     parser.add_argument("server", type=_host_port, metavar="HOST:PORT",
                         help="the relay's UDP address, e.g. 127.0.0.1:7777")
-    parser.add_argument("--room", default="demo")
-    parser.add_argument("--player", required=True, help="player name, unique in the room")
+    parser.add_argument("--room", help="room to join (default: the token's, else demo)")
+    parser.add_argument("--player", help="player name, unique in the room (default: the token's)")
+    parser.add_argument("--token", metavar="TOKEN",
+                        help="connect token for a relay in token mode (relay token mint); it "
+                             "names the room and the player")
     parser.add_argument("--frames", type=int, default=300, help="stop after this many frames")
     parser.add_argument("--input-delay", type=int, default=2,
                         help="frames between applying frame N and the frame our next input is for")
@@ -224,26 +240,37 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=60.0,
                         help="seconds to wait for the room to start (for the other players)")
     args = parser.parse_args(argv)
+    if args.token is None:
+        if args.player is None:
+            parser.error("--player is required (or --token, which names the player)")
+        args.room = args.room or "demo"
+    name = args.player
+    if name is None:
+        try:
+            name = ConnectToken.decode(args.token).player
+        except ValueError as error:         # TokenError: not a connect token
+            parser.error(f"--token: {error}")
     host, port = args.server
     try:
         result = asyncio.run(run(host, port, args.room, args.player, args.frames,
+                                 token=args.token,
                                  input_delay=args.input_delay, checksum_every=args.checksum_every,
                                  auto_input_delay=args.auto_input_delay,
                                  start_timeout=args.start_timeout,
                                  log=lambda text: print(text, flush=True)))
     except (RelayError, ValueError) as error:
-        print(f"[{args.player}] {error}", file=sys.stderr)
+        print(f"[{name}] {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:       # run() has left the room on its way out
-        print(f"[{args.player}] interrupted", file=sys.stderr)
+        print(f"[{name}] interrupted", file=sys.stderr)
         return 130
     final = result.checksums.get(result.frames - 1)
-    print(f"[{args.player}] done: {result.frames} frames, final checksum "
+    print(f"[{result.player}] done: {result.frames} frames, final checksum "
           f"{'-' if final is None else format(final, '016x')}, inputs sent {result.inputs_sent}, "
           f"missing from their frame {result.inputs_missing}, input delay {result.input_delay} "
           f"(advised {result.advised_input_delay}), desyncs {len(result.desyncs)}")
     if result.error:
-        print(f"[{args.player}] error: {result.error}", file=sys.stderr)
+        print(f"[{result.player}] error: {result.error}", file=sys.stderr)
     return 0 if result.error is None and not result.desyncs else 1
 
 

@@ -202,12 +202,17 @@ class Welcome:
 
 @dataclass
 class Frame:
+    """One closed frame of a room: every player's input for one tick, and the membership
+    changes that take effect in it. Every client of the room gets the same frames."""
+
     number: int
+    """The frame's number: 0, 1, 2, ... per room, one per tick while the room runs."""
     inputs: list
-    """One entry per slot: the player's input bytes, or None for "no input"."""
+    """One entry per slot (index = slot): the player's input bytes, or None for "no input". As
+    long as the room had slots when the frame closed; a slot past the end has no input."""
     events: list = field(default_factory=list)
-    """Membership changes that take effect in this frame: [kind, slot, player] with kind one of
-    join, leave, timeout, reconnect."""
+    """Membership changes that take effect in this frame, in order: [kind, slot, player] with
+    kind one of join, leave, timeout, reconnect (EVENT_KINDS), e.g. ['join', 0, 'alice']."""
     synthesized: list = field(default_factory=list)
     """Slots (ascending) whose input the relay made up because the player's did not arrive
     before the frame closed (``rooms.missing_input_policy``); their ``inputs`` entry holds it."""

@@ -67,12 +67,21 @@ def _disconnect_error(reason: str) -> RelayError:
 
 @dataclass
 class ClientStats:
+    """``RelayClient.stats()``: the connection's measurements (zeros while it is down) and the
+    SDK's frame counts."""
+
     rtt: float
+    """Smoothed round-trip time to the relay, seconds."""
     rtt_variance: float
+    """Variance of the round-trip time, seconds."""
     loss: float
+    """Estimated fraction of this client's packets the relay never acknowledged."""
     frames_received: int
+    """Frames received and buffered, live or in blocks, duplicates not counted."""
     duplicates_ignored: int
+    """Frames received again (live and in a block, or twice) and discarded."""
     blocks_received: int
+    """History and catch-up blocks received."""
     packets_sent: int
     packets_received: int
     bytes_sent: int
@@ -80,6 +89,9 @@ class ClientStats:
 
 
 def client_config(ack_delay: float = 1 / 30, **overrides) -> EndpointConfig:
+    """The protocol core's settings a client uses by default: the relay's two channels, blocks
+    up to the relay's largest history block, the core's defaults for the rest; ``overrides``
+    are further ``EndpointConfig`` fields (e.g. ``peer_timeout``)."""
     return EndpointConfig(channels=protocol.endpoint_channels(), ack_delay=ack_delay,
                           redundancy_budget=overrides.pop("redundancy_budget", 1200),
                           max_block_size=protocol.MAX_BLOCK_SIZE, block_memory_limit=64 * 1024 * 1024,
@@ -95,9 +107,27 @@ class InputDelayAdvice:
     late: int
     """Of the last ``inputs`` inputs, how many arrived after their frame had closed."""
     inputs: int
+    """The number of inputs ``late`` counts over."""
 
 
 class RelayClient:
+    """One connection to a relay, joined to one room as a player or a spectator.
+
+    ``await RelayClient.connect(host, port, room, player, ...)`` connects and joins (``token``
+    for a relay in token mode; it names the room and the player). Then:
+
+    * ``wait_for_state("running")``, then ``send_next_input(payload)`` once and again after
+      each frame: the input for the frame ``input_delay`` frames after the last one yielded;
+    * ``async for frame in frames()`` (or ``next_frame_or_none()``): every ``Frame`` of the room
+      once, in order, from frame 0, live and history merged;
+    * ``report_checksum(frame, value)`` for desync detection (reports land in ``desyncs``);
+    * the room's end: ``room_state == "ended"``, ``final_frames`` and ``end_reason``; a lost
+      connection: ``error``; ``reconnect()`` to take the slot back; ``close()`` to leave.
+
+    Refusals raise ``RelayError`` (its ``code`` is the relay's reason). docs/CLIENT_SDK.md is
+    the reference.
+    """
+
     def __init__(self, host: str, port: int, room: Optional[str] = None,
                  player: Optional[str] = None, spectator: bool = False,
                  config: Optional[EndpointConfig] = None, input_delay: int = 2,
@@ -116,13 +146,22 @@ class RelayClient:
         self.spectator = spectator
         self.config = config or client_config()
         self.welcome: Optional[Welcome] = None
+        """The relay's WELCOME of the current connection: slot, tick rate, first live frame."""
         self.room_state: Optional[str] = None
+        """"waiting", "running" or "ended", as the relay last said (None before the welcome)."""
         self.final_frames: Optional[int] = None
-        """Frames the room produced in all, once it has ended."""
+        """Once the room has ended: the number of frames it closed. Frames 0 .. final_frames-1
+        all exist, and frames() yields every one of them before it stops. None until then."""
         self.end_reason: Optional[str] = None
-        """Why the room ended (admin, empty, shutdown, draining, drain_deadline)."""
+        """Once the room has ended: why. "empty" (nobody connected for rooms.empty_timeout),
+        "admin" or the admin's own text (ended through the admin API), "draining" (the relay
+        began draining while the room waited, or its last member left during a drain),
+        "drain_deadline" (the relay was draining and server.drain_timeout ran out during the
+        match), "shutdown" (the relay stopped at once). None until then."""
         self.desyncs: list[list] = []
+        """DESYNC reports, each [frame, {player: checksum}, minority, verdict, groups]."""
         self.notices: list[list] = []
+        """The relay's complaints about this client's messages, each [code, text]."""
         self.next_frame = 0
         """Number of the next frame frames() will yield; everything before it was yielded."""
         if input_delay < 1:
@@ -288,6 +327,7 @@ class RelayClient:
             driver.request_flush()
 
     def ready(self) -> None:
+        """Mark this player ready (matters only to a room with the "ready" start policy)."""
         live = self._connection()
         if live is not None:
             endpoint, driver, peer_id = live
@@ -337,19 +377,24 @@ class RelayClient:
             await asyncio.wait_for(self._frame_ready.wait(), timeout)
 
     async def wait_for_state(self, state: str, timeout: float = 10.0) -> None:
+        """Return once ``room_state`` is ``state``; asyncio.TimeoutError after ``timeout`` s."""
         while self.room_state != state:
             self._state_changed.clear()
             await asyncio.wait_for(self._state_changed.wait(), timeout)
 
     @property
     def connected(self) -> bool:
+        """True while the connection to the relay is up."""
         return self._live()
 
     @property
     def error(self) -> Optional[RelayError]:
+        """Why the connection ended (code "disconnected", the reason in the message) or the
+        stream broke ("bad_frame"); None while all is well."""
         return self._error
 
     def stats(self) -> ClientStats:
+        """RTT, loss and traffic of the connection, and the frames received."""
         live = self._connection()
         core = live[0].peer_stats(live[2]) if live is not None else None
         return ClientStats(

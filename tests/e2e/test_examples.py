@@ -193,3 +193,84 @@ def test_protocol_doc_worked_examples():
                     protocol.room_state("running", 0),
                     protocol.Checksum(59, 0xB905CBAEA759424B).encode()):
         assert f"`{message.hex(' ').upper()}`" in text
+
+
+def test_two_players_with_connect_tokens(tmp_path):
+    """Against a token-mode relay the example joins with the token alone (it names the room and
+    the player); without one the relay refuses it as the SDK reports: token_required."""
+    import base64
+
+    import pytest
+
+    from relay.client import RelayError
+    from relay_core.token import generate_key, mint_token
+
+    key = generate_key()
+
+    async def main():
+        config = load_config(environ={
+            "RELAY_SERVER_UDP_HOST": "127.0.0.1", "RELAY_SERVER_UDP_PORT": "0",
+            "RELAY_SERVER_HTTP_HOST": "127.0.0.1", "RELAY_SERVER_HTTP_PORT": "0",
+            "RELAY_SERVER_TICK_RATE": str(TICK_RATE),
+            "RELAY_REPLAY_DIRECTORY": str(tmp_path / "replays"),
+            "RELAY_SECURITY_MODE": "token",
+            "RELAY_SECURITY_KEYS": f"1:{base64.b64encode(key).decode()}",
+        })
+        server = RelayServer(config)
+        await server.start()
+        try:
+            host, port = server.udp_address
+            with pytest.raises(RelayError) as refused:
+                await example.run(host, port, "tokens", "mallory", 10, timeout=5)
+            tokens = [mint_token(key, 1, room="tokens", player=name, ttl=60).encode()
+                      for name in ("alice", "bob")]
+            results = await asyncio.wait_for(asyncio.gather(
+                *(example.run(host, port, None, None, 60, token=token) for token in tokens)), 60)
+        finally:
+            await asyncio.wait_for(server.stop("test over"), 10)
+        return refused.value, results
+
+    refused, (alice, bob) = asyncio.run(main())
+    assert refused.code == "token_required"
+    assert (alice.player, bob.player) == ("alice", "bob")
+    for result in (alice, bob):
+        assert result.error is None, result.error
+        assert result.frames == 60 and result.desyncs == []
+    assert alice.state == bob.state and alice.checksums == bob.checksums
+
+
+def test_another_machine_recipe_of_the_examples_readme(tmp_path):
+    """examples/README.md's "Another machine" recipe as commands, with 127.0.0.1 for the relay
+    machine's address: a key from `relay token keygen`, `relay serve` in token mode with it, one
+    `relay token mint` per player, and the example client run with --token alone."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "tests" / "clients"))
+    from relay_process import RelayProcess
+
+    relay = [sys.executable, "-m", "relay.cli"]
+    keys = tmp_path / "keys.toml"
+    keys.write_text(subprocess.run(relay + ["token", "keygen"], check=True, cwd=ROOT,
+                                   capture_output=True, text=True).stdout)
+    server = RelayProcess(tmp_path, RELAY_SECURITY_MODE="token",
+                          RELAY_SECURITY_KEYS_FILE=str(keys))
+    try:
+        tokens = [subprocess.run(relay + ["token", "mint", "--room", "demo", "--player", name,
+                                          "--ttl", "5m", "--key-file", str(keys)],
+                                 check=True, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+                  for name in ("alice", "bob")]
+        players = [subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "lockstep_client.py"),
+             f"127.0.0.1:{server.udp_port}", "--token", token, "--frames", "60"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for token in tokens]
+        outputs = [player.communicate(timeout=60)[0] for player in players]
+    finally:
+        server.close()
+    for player, output in zip(players, outputs):
+        assert player.returncode == 0, output
+    alice, bob = ([line.split("] ", 1)[1] for line in output.splitlines() if "checksum" in line]
+                  for output in outputs)
+    assert outputs[0].startswith("[alice] joined room demo") and outputs[1].startswith("[bob] joined")
+    assert alice[:2] == bob[:2] and len(alice) == 3     # frames 29 and 59, then the summary
+    assert alice[2].startswith("done: 60 frames") and alice[2] == bob[2]
