@@ -219,7 +219,6 @@ class RelayServer:
             read_now()              # inputs waiting in the socket make this tick's frames
         self.lobby.tick(now)
         self._settle()
-        self._publish_counts()
 
     def _settle(self) -> None:
         """Report what the lobby did, and send what the core has for the network now."""
@@ -231,7 +230,8 @@ class RelayServer:
             self.driver.flush()
 
     def _publish_counts(self) -> None:
-        """Counts kept as plain integers on the hot paths, into their metrics (every tick)."""
+        """Counts kept as plain integers on the hot paths, into their metrics: before every
+        scrape and once a second (the stats pass), never per tick or packet."""
         metrics = self.metrics
         lobby = self.lobby
         if lobby.counts:
