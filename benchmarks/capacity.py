@@ -588,6 +588,8 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
         reasons.append(f"only {window['running']} of {players} players playing")
     if window.get("room_mismatches"):
         reasons.append(f"{window['room_mismatches']} frames differed between members of a room")
+    if window.get("inputs_foreign"):
+        reasons.append(f"{window['inputs_foreign']} frames carried another input in a player's slot")
     rcvbuf = snmp_after.get("RcvbufErrors", 0) - snmp_before.get("RcvbufErrors", 0)
     # Late inputs are accepted into a later frame; a late one whose slot there is taken is
     # refused (the load generator sends nothing else a relay refuses).
@@ -629,7 +631,7 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
         # (the input for frame F sent -> frame F taken) and frames that differed in a room.
         **{key: window.get(key) for key in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
                                             "latency_max_ms", "room_mismatches",
-                                            "inputs_missing", "inputs_checked", "kernel_drops",
+                                            "inputs_missing", "inputs_foreign", "inputs_checked", "kernel_drops",
                                             "catchup_blocks")},
     }
 
