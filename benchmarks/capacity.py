@@ -792,10 +792,13 @@ def measure_points(target_factory, points: list[int], settings: RampSettings, ad
         if loader is not None:
             loader.stop({"cmd": "quit"})
         target.stop()
-    rows = out["rows"]
+    # A server that lost frames was saturated: its CPU per player-tick is then its core divided
+    # by the players, not what a player costs, and would bend the line down.
+    rows = [r for r in out["rows"] if r["lost_frames"] == 0]
     slope = least_squares_slope([r["players"] / 1000 for r in rows],
                                 [r["server_us_per_player_tick"] for r in rows])
     out["slope_us_per_player_tick_per_1000_players"] = round(slope, 4) if slope is not None else None
+    out["slope_points"] = [r["players"] for r in rows]
     return out
 
 
@@ -815,8 +818,10 @@ def format_points(points: dict) -> list[str]:
             f"{'pass' if r['passed'] else 'FAIL'}{' (loader-bound)' if r['loader_bound'] else ''}")
     slope = points.get("slope_us_per_player_tick_per_1000_players")
     lines.append("  slope: " + (f"{slope:+.3f} us per player-tick per 1,000 players (least squares "
-                                f"over {len(points['rows'])} points)" if slope is not None
-                                else "n/a (fewer than 2 points)"))
+                                f"over {points['slope_points']}, the points without a lost frame)"
+                                if slope is not None
+                                else "n/a (fewer than 2 points without a lost frame: a saturated "
+                                     "server's CPU per player-tick is its core / players)"))
     if points.get("error"):
         lines.append(f"  error: {points['error']}")
     lines.append(f"  stopped: {points['stopped_because']}")
