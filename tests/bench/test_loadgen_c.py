@@ -145,3 +145,25 @@ def test_refuses_a_server_off_loopback(loadgen):
 def test_cost_growth_slope():
     assert least_squares_slope([1.0, 2.0, 4.0], [2.0, 3.0, 5.0]) == pytest.approx(1.0)
     assert least_squares_slope([1.0], [2.0]) is None
+
+
+def test_capacity_points_mode_reports_cost_growth(tmp_path):
+    """capacity.py --points with the C loader: a row per count, the slope, the JSON."""
+    out_json = tmp_path / "points.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "capacity.py"), "--quick",
+                           "--parts", "relay", "--points", "8,16", "--add-step", "8",
+                           "--json", str(out_json)], capture_output=True, text=True, timeout=150,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out_json.read_text())
+    assert report["settings"]["loader"] == "c" and report["settings"]["points"] == [8, 16]
+    points = report["points"]
+    assert points["error"] is None and [r["players"] for r in points["rows"]] == [8, 16]
+    for row in points["rows"]:
+        assert row["lost_frames"] == 0 and row["latency_p99_ms"] > 0
+        assert row["server_us_per_player_tick"] == pytest.approx(
+            row["server_user_us_per_player_tick"] + row["server_system_us_per_player_tick"],
+            abs=0.002)
+    assert points["slope_points"] == [8, 16]
+    assert isinstance(points["slope_us_per_player_tick_per_1000_players"], float)
+    assert "relay cost growth" in proc.stdout and "slope:" in proc.stdout
