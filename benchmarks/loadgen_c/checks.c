@@ -31,6 +31,18 @@ void lg_input_payload(uint32_t player_index, uint32_t frame, uint8_t out[LG_INPU
     put_u32le(out + 12, (uint32_t)(mixed >> 32));
 }
 
+int lg_input_is_players(uint32_t player_index, const uint8_t *data, size_t length)
+{
+    uint8_t expected[LG_INPUT_SIZE];
+    uint32_t frame;
+    if (length != LG_INPUT_SIZE)
+        return 0;
+    frame = (uint32_t)data[4] | (uint32_t)data[5] << 8 | (uint32_t)data[6] << 16
+            | (uint32_t)data[7] << 24;
+    lg_input_payload(player_index, frame, expected);
+    return memcmp(data, expected, LG_INPUT_SIZE) == 0;
+}
+
 void lg_sequence_init(lg_sequence_t *sequence)
 {
     memset(sequence, 0, sizeof *sequence);

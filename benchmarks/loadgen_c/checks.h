@@ -19,6 +19,9 @@ uint64_t lg_fnv1a(uint64_t hash, const void *data, size_t length);
  * (struct "<IIQ": player index, frame, frame * 2654435761 mod 2^64), so the server sees the
  * same load from either loader and a frame's input can be checked on its own. */
 void lg_input_payload(uint32_t player_index, uint32_t frame, uint8_t out[LG_INPUT_SIZE]);
+/* 1 if data is one of the player's inputs, for whichever frame it names (an input that came
+ * late and was carried into a later frame is still the player's own). */
+int lg_input_is_players(uint32_t player_index, const uint8_t *data, size_t length);
 
 /* Frames in order, once, without a gap. last: the last frame taken (-1 before the first). */
 typedef struct lg_sequence {

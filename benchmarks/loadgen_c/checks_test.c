@@ -70,6 +70,16 @@ static void test_input_payload(void)
     EXPECT(memcmp(out, other, sizeof out) != 0);            /* another frame's input differs */
     lg_input_payload(6, 3, other);
     EXPECT(memcmp(out, other, sizeof out) != 0);            /* another player's input differs */
+    /* own inputs, for any frame, against another player's and damaged bytes */
+    EXPECT(lg_input_is_players(7, out, sizeof out));
+    lg_input_payload(7, 4000000, other);
+    EXPECT(lg_input_is_players(7, other, sizeof other));
+    lg_input_payload(6, 3, other);
+    EXPECT(!lg_input_is_players(7, other, sizeof other));
+    memcpy(other, out, sizeof out);
+    other[12] ^= 0x40;
+    EXPECT(!lg_input_is_players(7, other, sizeof other));
+    EXPECT(!lg_input_is_players(7, out, sizeof out - 1));
 }
 
 static void test_histogram(void)

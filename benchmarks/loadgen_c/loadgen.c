@@ -332,10 +332,12 @@ static void on_frame(player_t *p, const relay_frame_t *frame, double now)
         lg_input_payload(p->index, number, expected);
         p->inputs_checked++;
         if (synthesized || length != LG_INPUT_SIZE || memcmp(data, expected, LG_INPUT_SIZE) != 0) {
-            /* Missing: nil or made up by the relay, the input reached it after the frame
-             * closed (a timing figure). Foreign: bytes that are not ours, a relay bug. */
+            /* Missing: the input reached the relay after its frame closed (a timing figure):
+             * the slot is nil, made up by the relay, or holds an earlier input of ours that
+             * came late and was carried into this frame. Foreign: bytes that are no input of
+             * this player's, a relay bug. */
             p->inputs_missing++;
-            if (!synthesized && length >= 0)
+            if (!synthesized && length >= 0 && !lg_input_is_players(p->index, data, (size_t)length))
                 p->inputs_foreign++;
         }
         if (lg.window_started >= 0)
