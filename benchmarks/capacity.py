@@ -2,8 +2,10 @@
 
 Three measurements in one run, each with its server pinned to CPU 0 and its load on CPU 1:
 
-1. **relay** — ``relay serve`` (replays off) and benchmarks/loadgen.py: rooms of 8 players at
-   30 Hz, a 16-byte input per player per frame. The number of connected players is ramped
+1. **relay** — ``relay serve`` (replays off) and a load generator: benchmarks/loadgen_c (C, the
+   client library's core per player, built with ``cc -O2``; ``--loader c``, the default) or
+   benchmarks/loadgen.py (``--loader python``, saturates its core near 1,700 players). Rooms of 8
+   players at 30 Hz, a 16-byte input per player per frame. The number of connected players is ramped
    (``--start``, ``--step``, ``--max-players``); each step is measured over ``--step-seconds``
    once every new player is playing. A step passes when the server's tick lateness (from
    ``relay_tick_lateness_seconds_bucket`` deltas over the window) meets the criterion and no
@@ -29,9 +31,16 @@ datagrams/s and bytes/s each way, RSS per connected player (RSS growth over the 
 players), and the load generator's own CPU share. Targets, PASS/FAIL: CCU per core >= 60 % of
 the echo ceiling, >= 3x the ENet relay's, and <= 16 KiB RSS per player.
 
+Cost growth (``--points 1024,2048,4096,8192``) replaces the relay's ramp: the relay measured once
+at each player count (players added ``--add-step`` at a time), with its CPU per player-tick split
+into user and kernel time, RSS per player, tick lateness, lost frames, input-to-frame latency p99
+and the loader's CPU share, and the least-squares slope of the CPU per player-tick per 1,000
+players. It has no PASS/FAIL targets; exit 0 when every point was measured.
+
     python benchmarks/capacity.py                       # full ramp, about 5-10 minutes
     python benchmarks/capacity.py --quick               # CI-sized: a few seconds per part
     python benchmarks/capacity.py --json out.json --profile
+    python benchmarks/capacity.py --parts relay --points 1024,2048,4096 --step-seconds 8
 
 Other people's processes on the machine distort every figure: the report prints the load
 average and each core's busy share next to our processes' own CPU.
@@ -351,7 +360,9 @@ class RelayTarget:
 
     name = "relay"
 
-    def __init__(self, max_players: int, cpu: Optional[int]):
+    def __init__(self, max_players: int, cpu: Optional[int], loader: Optional[Path] = None):
+        self.loader = loader
+        """The C load generator's binary (build_loadgen); None: benchmarks/loadgen.py."""
         self.udp_port, self.http_port = free_port(), free_port(socket.SOCK_STREAM)
         self.replay_dir = tempfile.mkdtemp(prefix="capacity-replays-")
         env = dict(os.environ,
@@ -363,8 +374,9 @@ class RelayTarget:
                    RELAY_ROOMS_CAPACITY=str(ROOM_SIZE), RELAY_ROOMS_START_PLAYERS=str(ROOM_SIZE),
                    RELAY_ROOMS_MAX_ROOMS=str(max_players // ROOM_SIZE + 16),
                    RELAY_ROOMS_EMPTY_TIMEOUT="1",
-                   # Every bot connects from 127.0.0.1: the per-source handshake rate limit
-                   # (100/s, burst 200 by default) would refuse most of a ramp step.
+                   # The Python loader's bots all connect from 127.0.0.1 (the C loader's from
+                   # their own 127.a.b.c): the per-source handshake rate limit (100/s, burst
+                   # 200 by default) would refuse most of a ramp step.
                    RELAY_SECURITY_HANDSHAKE_RATE="0",
                    RELAY_REPLAY_ENABLED="false", RELAY_REPLAY_DIRECTORY=self.replay_dir)
         env.pop("RELAY_CONFIG", None)
@@ -418,6 +430,9 @@ class RelayTarget:
         }
 
     def loader_argv(self) -> list[str]:
+        if self.loader is not None:
+            return [str(self.loader), "--agent", "--server", f"127.0.0.1:{self.udp_port}",
+                    "--tick-rate", str(TICK_RATE)]
         return [sys.executable, str(HERE / "loadgen.py"), "--agent", "--server",
                 f"127.0.0.1:{self.udp_port}", "--tick-rate", str(TICK_RATE)]
 
@@ -571,6 +586,10 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
         reasons.append(f"{window['errors']} players failed: {window['error_samples']}")
     if window["running"] < players:
         reasons.append(f"only {window['running']} of {players} players playing")
+    if window.get("room_mismatches"):
+        reasons.append(f"{window['room_mismatches']} frames differed between members of a room")
+    if window.get("inputs_foreign"):
+        reasons.append(f"{window['inputs_foreign']} frames carried another input in a player's slot")
     rcvbuf = snmp_after.get("RcvbufErrors", 0) - snmp_before.get("RcvbufErrors", 0)
     # Late inputs are accepted into a later frame; a late one whose slot there is taken is
     # refused (the load generator sends nothing else a relay refuses).
@@ -608,6 +627,12 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
         # time were zero. A target above it cannot be met by any change to our code.
         "kernel_bound_ccu_per_core": round(players * wall / cpu_system) if cpu_system > 0 else 0,
         "profile_file": str(profile_path) if spy is not None else None,
+        # The C loader's own figures (None from benchmarks/loadgen.py): input-to-frame latency
+        # (the input for frame F sent -> frame F taken) and frames that differed in a room.
+        **{key: window.get(key) for key in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+                                            "latency_max_ms", "room_mismatches",
+                                            "inputs_missing", "inputs_foreign", "inputs_checked", "kernel_drops",
+                                            "catchup_blocks")},
     }
 
 
@@ -691,12 +716,147 @@ def ramp(target_factory, settings: RampSettings, log, profile_dir: Optional[Path
     return result
 
 
+# -- cost growth: the relay at fixed player counts --------------------------------------------
+
+def least_squares_slope(xs: list[float], ys: list[float]) -> Optional[float]:
+    """The slope of the least-squares line through (xs, ys); None with fewer than 2 distinct xs."""
+    if len(xs) < 2:
+        return None
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return None
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+
+
+def point_row(step: dict) -> dict:
+    """One row of the cost-growth table from a measured step."""
+    players = step["players"]
+    user = per_player_tick_us(step["server_user_share"], players)
+    system = per_player_tick_us(step["server_system_share"], players)
+    return {
+        "players": players, "server_user_us_per_player_tick": round(user, 3),
+        "server_system_us_per_player_tick": round(system, 3),
+        "server_us_per_player_tick": round(user + system, 3),
+        "rss_per_player": step["rss_per_player"], "p99_lateness_ms": step["p99_lateness_ms"],
+        "late_share": step["late_share"], "lost_frames": step["lost_frames"],
+        "latency_p99_ms": step.get("latency_p99_ms"), "loader_cpu_share": step["loader_cpu_share"],
+        "passed": step["passed"], "loader_bound": step["loader_bound"],
+        "other_load_on_server_core": step["other_load_on_server_core"],
+    }
+
+
+def measure_points(target_factory, points: list[int], settings: RampSettings, add_step: int,
+                   log) -> dict:
+    """The relay at each player count in ``points`` (ascending), one measurement window each,
+    players added ``add_step`` at a time so that the joins do not land at once; the server's
+    CPU per player-tick at each, and its growth (least squares) per 1,000 players."""
+    cpus = cpus_available()
+    server_cpu = SERVER_CPU if SERVER_CPU in cpus else None
+    load_cpu = LOAD_CPU if LOAD_CPU in cpus else None
+    out: dict = {"steps": [], "rows": [], "error": None, "stopped_because": ""}
+    target = target_factory(max(points), server_cpu)
+    loader = None
+    try:
+        time.sleep(0.5)
+        idle_rss = proc_rss(target.pid)
+        out["idle_rss"] = idle_rss
+        loader = LineProcess(target.loader_argv(), load_cpu, cwd=ROOT)
+        out["loader_io"] = loader.read(30).get("io", "")
+        players = 0
+        for point in points:
+            goal = _round_players(point)
+            if time.monotonic() + settings.step_seconds + 5 > settings.deadline:
+                out["stopped_because"] = "time budget used up"
+                break
+            while players < goal:
+                chunk = min(add_step, goal - players)
+                added = loader.ask({"cmd": "add", "players": chunk, "timeout": 10 + chunk / 100},
+                                   timeout=60 + chunk / 50)
+                players += chunk
+                if not added.get("ok"):
+                    log(f"  relay: {players} players: not every new player got to play "
+                        f"({added.get('running')} running, errors {added.get('error_samples')})")
+            time.sleep(settings.settle_seconds)
+            step = measure_step(target, loader, players, settings.step_seconds, idle_rss, None,
+                                settings.late_share_limit)
+            log(format_step(target.name, step))
+            out["steps"].append(step)
+            out["rows"].append(point_row(step))
+        else:
+            out["stopped_because"] = f"measured every point ({', '.join(map(str, points))})"
+    except Exception as error:          # a crashed child: report what we have
+        out["error"] = f"{type(error).__name__}: {error}"
+        log(f"  relay: error: {out['error']}")
+    finally:
+        if loader is not None:
+            loader.stop({"cmd": "quit"})
+        target.stop()
+    # A server that lost frames was saturated: its CPU per player-tick is then its core divided
+    # by the players, not what a player costs, and would bend the line down.
+    rows = [r for r in out["rows"] if r["lost_frames"] == 0]
+    slope = least_squares_slope([r["players"] / 1000 for r in rows],
+                                [r["server_us_per_player_tick"] for r in rows])
+    out["slope_us_per_player_tick_per_1000_players"] = round(slope, 4) if slope is not None else None
+    out["slope_points"] = [r["players"] for r in rows]
+    return out
+
+
+def format_points(points: dict) -> list[str]:
+    lines = [f"relay cost growth: loader {points.get('loader_io', '')}",
+             f"  {'players':>7} {'user us':>8} {'kern us':>8} {'us/pl-tick':>10} {'KiB/pl':>7} "
+             f"{'p99 ms':>7} {'>2ms':>6} {'lost':>5} {'lat p99':>8} {'loader':>7}  result",
+             "  (server CPU per player-tick, user and kernel; RSS per player; tick lateness; "
+             "input-to-frame latency p99 ms; the loader's CPU share)"]
+    for r in points["rows"]:
+        latency = f"{r['latency_p99_ms']:8.1f}" if r.get("latency_p99_ms") is not None else f"{'n/a':>8}"
+        lines.append(
+            f"  {r['players']:7d} {r['server_user_us_per_player_tick']:8.2f} "
+            f"{r['server_system_us_per_player_tick']:8.2f} {r['server_us_per_player_tick']:10.2f} "
+            f"{r['rss_per_player'] / 1024:7.1f} {r['p99_lateness_ms']:7.2f} {r['late_share']:6.1%} "
+            f"{r['lost_frames']:5d} {latency} {r['loader_cpu_share']:7.1%}  "
+            f"{'pass' if r['passed'] else 'FAIL'}{' (loader-bound)' if r['loader_bound'] else ''}")
+    slope = points.get("slope_us_per_player_tick_per_1000_players")
+    lines.append("  slope: " + (f"{slope:+.3f} us per player-tick per 1,000 players (least squares "
+                                f"over {points['slope_points']}, the points without a lost frame)"
+                                if slope is not None
+                                else "n/a (fewer than 2 points without a lost frame: a saturated "
+                                     "server's CPU per player-tick is its core / players)"))
+    if points.get("error"):
+        lines.append(f"  error: {points['error']}")
+    lines.append(f"  stopped: {points['stopped_because']}")
+    return lines
+
+
 # -- the C echo ------------------------------------------------------------------------------
 
-def build_echo(directory: Path) -> Path:
+def c_compiler() -> str:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise RuntimeError("no C compiler (cc) on PATH")
+    return compiler
+
+
+LOADGEN_C = HERE / "loadgen_c"
+C_CLIENT = ROOT / "clients" / "c"
+
+
+def build_loadgen(directory: Path) -> Path:
+    """benchmarks/loadgen_c built with ``cc -O2``, the C client library's sources compiled in
+    (clients/c/CMakeLists.txt's defines; libsodium and zlib as it links them)."""
+    binary = directory / "loadgen_c"
+    sources = [LOADGEN_C / "loadgen.c", LOADGEN_C / "checks.c", *sorted((C_CLIENT / "src").glob("*.c"))]
+    result = subprocess.run([c_compiler(), "-O2", "-std=gnu99", "-DRELAY_CLIENT_BUILDING",
+                             f"-I{C_CLIENT / 'include'}", f"-I{C_CLIENT / 'src'}", f"-I{LOADGEN_C}",
+                             "-o", str(binary), *map(str, sources), "-lsodium", "-lz", "-lm"],
+                            capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"building {LOADGEN_C} failed:\n{result.stderr[-4000:]}")
+    return binary
+
+
+def build_echo(directory: Path) -> Path:
+    compiler = c_compiler()
     binary = directory / "udp_echo"
     subprocess.run([compiler, "-O2", "-o", str(binary), str(HERE / "udp_echo.c")], check=True,
                    capture_output=True, text=True, timeout=120)
@@ -867,7 +1027,8 @@ def format_report(report: dict) -> str:
                  f"{TICK_RATE} Hz, 16-byte inputs; CPU share = the process's user + system CPU time "
                  f"(softirq work done in its context included) / wall time")
     lines.append("  relay serve runs with RELAY_SECURITY_HANDSHAKE_RATE=0 (no per-source handshake "
-                 "limit: every bot connects from 127.0.0.1), open mode, replays off")
+                 "limit: the Python loader's bots all connect from 127.0.0.1), open mode, replays off; "
+                 f"loader: {report['settings'].get('loader', 'python')}")
     lines.append(f"  command: {report['command']}")
     base = report.get("timer_baseline")
     if base:
@@ -920,6 +1081,9 @@ def format_report(report: dict) -> str:
                              f"{best['kernel_bound_ccu_per_core'] or 'n/a (no system time counted)'}")
         else:
             lines.append("  highest passing: none (the first step failed)")
+    if report.get("points"):
+        lines.append("")
+        lines.extend(format_points(report["points"]))
     echo = report.get("echo")
     if echo:
         lines.append("")
@@ -979,6 +1143,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-quiet", type=float, default=60.0,
                         help="wait at most this long for other processes to go quiet (default 60)")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON ('-': stdout only)")
+    parser.add_argument("--loader", choices=("c", "python"), default="c",
+                        help="the relay's load generator: c (benchmarks/loadgen_c, built with cc; "
+                             "default) or python (benchmarks/loadgen.py, saturates near 1,700 "
+                             "players); the ENet part always uses its own")
+    parser.add_argument("--points", metavar="N,N,...",
+                        help="cost growth instead of the relay's ramp: measure the relay at each "
+                             "of these player counts (e.g. 1024,2048,4096,8192), one window each, "
+                             "and report CPU per player-tick and its slope")
+    parser.add_argument("--add-step", type=int, default=512,
+                        help="--points: players added per add command (default 512)")
+
+
+def relay_factory(work: Optional[Path]):
+    """What ramp() and measure_points() start for the relay: ``relay serve`` with the C load
+    generator built into ``work`` (None: benchmarks/loadgen.py)."""
+    binary = build_loadgen(work) if work is not None else None
+
+    def start(max_players: int, cpu: Optional[int]) -> RelayTarget:
+        return RelayTarget(max_players, cpu, binary)
+    start.name = "relay"            # type: ignore[attr-defined]
+    return start
 
 
 def run(args: argparse.Namespace) -> int:
@@ -999,6 +1184,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     step_seconds = min(max(args.step_seconds, 0.5), MAX_STEP_SECONDS)
     quiet = args.json == "-"
+    points: list[int] = []
+    if args.points:
+        try:
+            points = sorted({int(p) for p in args.points.split(",") if p.strip()})
+        except ValueError:
+            points = []
+        if not points or points[0] < 1 or points[-1] > 100_000 or args.add_step < 1:
+            print("capacity: --points takes player counts 1..100000, e.g. 1024,2048,4096; "
+                  "--add-step >= 1", file=sys.stderr)
+            return 2
 
     def log(text: str) -> None:
         if not quiet:
@@ -1019,7 +1214,8 @@ def run(args: argparse.Namespace) -> int:
                     "settings": {"start": args.start, "step": args.step, "max_players": args.max_players,
                                  "step_seconds": step_seconds, "retries": args.retries,
                                  "tick_rate": TICK_RATE, "room_size": ROOM_SIZE,
-                                 "lateness_limit_ms": LATENESS_LIMIT * 1000},
+                                 "lateness_limit_ms": LATENESS_LIMIT * 1000,
+                                 "loader": args.loader, "points": points or None},
                     "ramps": {}, "summary": {}}
     profile_dir = Path(tempfile.mkdtemp(prefix="capacity-profile-")) if args.profile else None
     server_cpu = SERVER_CPU if SERVER_CPU in cpus_available() else None
@@ -1037,6 +1233,7 @@ def run(args: argparse.Namespace) -> int:
         f"criterion: {report['settings']['criterion']}")
     work = Path(tempfile.mkdtemp(prefix="capacity-"))
     results: dict[str, RampResult] = {}
+    points_error = None
     try:
         # Shares of the remaining budget: relay first (it sizes the echo), echo, then ENet.
         order = [p for p in ("relay", "echo", "enet") if p in parts]
@@ -1055,13 +1252,28 @@ def run(args: argparse.Namespace) -> int:
                         report["enet_error"] = f"pyenet not importable: {error}"
                         log(f"enet: skipped, pyenet not importable ({error})")
                         continue
-                log(f"{part}: ramping from {args.start} by {args.step} to at most {args.max_players} "
-                    f"players, {step_seconds:g} s per step")
-                factory = RelayTarget if part == "relay" else EnetTarget
+                factory = EnetTarget
+                if part == "relay":
+                    try:
+                        factory = relay_factory(work if args.loader == "c" else None)
+                    except Exception as error:
+                        report["ramps"]["relay"] = {"steps": [], "error": str(error),
+                                                    "stopped_because": "no load generator"}
+                        points_error = f"{type(error).__name__}: {error}"
+                        log(f"relay: {points_error}")
+                        continue
                 settings = RampSettings(args.start, args.step, args.max_players, step_seconds,
                                         retries=args.retries, deadline=part_deadline,
                                         settle_seconds=0.5 if args.quick else 1.0,
                                         late_share_limit=late_share_limit)
+                if part == "relay" and points:
+                    log(f"relay: cost growth at {', '.join(map(str, points))} players, "
+                        f"{step_seconds:g} s each, players added {args.add_step} at a time")
+                    report["points"] = measure_points(factory, points, settings, args.add_step, log)
+                    points_error = report["points"]["error"]
+                    continue
+                log(f"{part}: ramping from {args.start} by {args.step} to at most {args.max_players} "
+                    f"players, {step_seconds:g} s per step")
                 result = ramp(factory, settings, log, profile_dir if part == "relay" else None)
                 results[part] = result
                 report["ramps"][part] = {
@@ -1104,8 +1316,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(text + "\n")
-    if any(r.error for r in results.values()) or (echo is None and "echo" in parts):
+    if any(r.error for r in results.values()) or (echo is None and "echo" in parts) or points_error:
         return 2
+    if points:
+        return 0            # cost growth has no targets of its own; the ramp judges capacity
     return 0 if all(t["result"] == "PASS" for t in report["targets"]) else 1
 
 
