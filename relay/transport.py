@@ -190,10 +190,10 @@ class BatchedEndpointDriver:
     ``read_interval`` > 0: after a pass that found datagrams and drained the socket, the socket is
     left unwatched until the interval is up (what arrives meanwhile waits in the kernel's receive
     buffer), so a loaded server wakes about once per interval instead of once per handful of
-    datagrams -- each wake-up costs a scheduler switch, an event-loop turn and a
-    flush. While every interval's pass finds datagrams the socket stays unwatched and a timer
-    reads it; the watch comes back once a pass finds nothing. ``read_now()`` reads at once (the relay server calls it before closing a tick's
-    frames, so no waiting input misses its frame).
+    datagrams -- each wake-up costs a scheduler switch, an event-loop turn and a flush. While
+    every interval's pass finds datagrams the socket stays unwatched and a timer reads it; the
+    watch comes back once a pass finds nothing. ``read_now()`` reads at once (the relay server
+    calls it before closing a tick's frames, so no waiting input misses its frame).
 
     ``defer_flush``: after a read pass the owner gets the core's events at once, but the core
     is flushed only if it has output due now (``Endpoint.output_due``: a handshake reply, a

@@ -26,8 +26,6 @@ import random
 import time
 from collections import deque
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
@@ -53,6 +51,7 @@ from relay_core.wire cimport (
     DROP_PATH_UNVALIDATED,
 )
 
+from relay_core.aead import AeadError, open_ as aead_open_bytes, seal as aead_seal_bytes
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
 from relay_core.peer import STATE_NAMES
@@ -525,7 +524,7 @@ cdef class Endpoint:
     def session_info(self, int peer_id):
         """Packet protection state of a connection, for tests and debugging."""
         cdef Peer peer = self.peers[peer_id]
-        return {"encrypted": peer.seal_aead is not None, "send_counter": peer.send_counter,
+        return {"encrypted": peer.sealed, "send_counter": peer.send_counter,
                 "receive_counter": peer.recv_counter if peer.has_recv_counter else None,
                 "tag_reserve": peer.reserve}
 
@@ -665,10 +664,9 @@ cdef class Endpoint:
             # The tag proves the sender holds the token's client key: someone who merely saw
             # the token on the wire cannot spend it.
             try:
-                ChaCha20Poly1305(claims.client_key).decrypt(make_nonce(PT_CONNECT_RESPONSE, connect_id),
-                                                            datagram[response.tag_offset:],
-                                                            datagram[:response.tag_offset])
-            except InvalidTag:
+                aead_open_bytes(claims.client_key, make_nonce(PT_CONNECT_RESPONSE, connect_id),
+                                datagram[response.tag_offset:], datagram[:response.tag_offset])
+            except AeadError:
                 self.drop_counts[DROP_AUTH_FAILED] += 1
                 return
             self._forget_expired_tokens(unix_now)
@@ -696,7 +694,7 @@ cdef class Endpoint:
             heapq.heappush(self.used_token_expiry, (claims.expires, claims.token_id))
             accept = make_accept(connect_id, session_id, self.ack_delay_ms,
                                  ACCEPT_FLAG_ENCRYPTED if encrypted else 0)
-            accept += ChaCha20Poly1305(claims.server_key).encrypt(make_nonce(PT_ACCEPT, connect_id), b"", accept)
+            accept += aead_seal_bytes(claims.server_key, make_nonce(PT_ACCEPT, connect_id), b"", accept)
             if encrypted:
                 peer.protect(claims.server_key, claims.client_key)
         self.peers_by_address[address] = peer
@@ -761,8 +759,8 @@ cdef class Endpoint:
                                          (<char*>challenge.cookie_mac)[:COOKIE_MAC_SIZE], self.ack_delay_ms,
                                          token.private if token is not None else None)
         if token is not None:
-            response += ChaCha20Poly1305(token.client_key).encrypt(
-                make_nonce(PT_CONNECT_RESPONSE, peer.connect_id), b"", response)
+            response += aead_seal_bytes(token.client_key, make_nonce(PT_CONNECT_RESPONSE, peer.connect_id),
+                                        b"", response)
         peer.on_challenge(response, now)
 
     cdef void _on_accept(self, Peer peer, const AcceptPacket* accept, bytes datagram, double now):
@@ -785,10 +783,9 @@ cdef class Endpoint:
                 self.drop_counts[DROP_AUTH_FAILED] += 1
                 return
             try:
-                ChaCha20Poly1305(token.server_key).decrypt(make_nonce(PT_ACCEPT, peer.connect_id),
-                                                           datagram[accept.tag_offset:],
-                                                           datagram[:accept.tag_offset])
-            except InvalidTag:
+                aead_open_bytes(token.server_key, make_nonce(PT_ACCEPT, peer.connect_id),
+                                datagram[accept.tag_offset:], datagram[:accept.tag_offset])
+            except AeadError:
                 self.drop_counts[DROP_AUTH_FAILED] += 1
                 return
             if accept.flags & ACCEPT_FLAG_ENCRYPTED:
@@ -816,7 +813,7 @@ cdef class Endpoint:
             self.drop_counts[-rc - 1] += 1
             if rc == -(DROP_AUTH_FAILED + 1) or rc == -(DROP_DUPLICATE_PACKET + 1) or rc == -(DROP_STALE_PACKET + 1):
                 return
-        if peer.open_aead is not None and had_counter and peer.recv_counter <= counter_before:
+        if peer.sealed and had_counter and peer.recv_counter <= counter_before:
             return          # authentic but older than the newest: a reordered or replayed copy
         self._challenge_path(peer, address, n, now)
 
@@ -827,7 +824,7 @@ cdef class Endpoint:
                             self.path_challenge_budget)
         if now - peer.path_sent_at < self.path_retry_interval:
             return
-        size = PATH_SECURE_SIZE if peer.seal_aead is not None else PATH_SIZE
+        size = PATH_SECURE_SIZE if peer.sealed else PATH_SIZE
         # Never more bytes towards an unverified address than the packet that caused them,
         # and no more than the budget in all.
         if size > trigger_size or size > peer.path_budget:
@@ -861,12 +858,12 @@ cdef class Endpoint:
         if (ptype == PT_PATH_CHALLENGE) == self.accept_connections:
             self.drop_counts[DROP_UNEXPECTED_PACKET] += 1     # servers challenge, clients answer
             return
-        if peer.open_aead is None:
+        if not peer.sealed:
             data = (<char*>packet.path_data)[:PATH_DATA_SIZE] if not packet.sealed else None
         else:
             data = peer.open_control(&packet, datagram, ptype) if packet.sealed else None
         if data is None:
-            self.drop_counts[DROP_AUTH_FAILED if peer.open_aead is not None else DROP_BAD_LENGTH] += 1
+            self.drop_counts[DROP_AUTH_FAILED if peer.sealed else DROP_BAD_LENGTH] += 1
             return
         if ptype == PT_PATH_CHALLENGE:
             # Answer from wherever we are now; the server learns our address from it.

@@ -53,8 +53,9 @@ cdef class Peer:
 
     # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
     cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
-    cdef object seal_aead                   # ChaCha20Poly1305 with our sending key; None: clear packets
-    cdef object open_aead                   # ... with the peer's sending key
+    cdef bint sealed                        # DATA, DISCONNECT and PATH packets sealed (token mode)
+    cdef uint8_t send_key[32]               # the session's ChaCha20-Poly1305 keys (relay_core.aead):
+    cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
     cdef readonly uint64_t send_counter     # counter of our next DATA/DISCONNECT; next_seq is its low 16 bits
     cdef readonly uint64_t recv_counter     # highest packet counter from the peer that authenticated
     cdef readonly bint has_recv_counter

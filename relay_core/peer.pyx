@@ -4,9 +4,9 @@ The Endpoint owns peers and routes datagrams to them; a Peer never sees a socket
 the ``now`` it is handed. Datagram layout and record codecs live in wire.pyx; this module decides
 what goes into each datagram and what an incoming one means.
 """
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
@@ -14,9 +14,8 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from types import MappingProxyType
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from relay_core.aead cimport AEAD_KEY_SIZE, AEAD_NONCE_SIZE, aead_open, aead_seal
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport RttEstimator
 from relay_core.fragment cimport MemoryBudget
@@ -26,7 +25,7 @@ from relay_core.channel cimport (
 )
 from relay_core.wire cimport (
     DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
-    make_connect_request, make_disconnect, make_path_packet, make_nonce, reconstruct_counter,
+    make_connect_request, make_disconnect, make_path_packet, write_nonce, reconstruct_counter,
     time_ms16, read_packet_seq, write_sealed_header, SessionPacket,
     DATA_HEADER_SIZE, RK_MESSAGE, RK_FRAGMENT, RK_BLOCK_SLICE, RK_BLOCK_ACK, TAG_SIZE, PT_DATA,
     PT_DISCONNECT, SEALED_CONTROL_HEADER,
@@ -253,14 +252,17 @@ cdef class Peer:
         return 0
 
     cdef void protect(self, bytes send_key, bytes receive_key):
-        """Seal what we send and open what we receive from now on; one cipher object per
-        direction for the whole session (building one per packet costs more than sealing)."""
-        self.seal_aead = ChaCha20Poly1305(send_key)
-        self.open_aead = ChaCha20Poly1305(receive_key)
+        """Seal what we send and open what we receive from now on (the keys of a connect token:
+        32 bytes each, checked when the token was opened)."""
+        if len(send_key) != AEAD_KEY_SIZE or len(receive_key) != AEAD_KEY_SIZE:
+            raise ValueError("session keys must be 32 bytes")
+        memcpy(self.send_key, <const char*>send_key, AEAD_KEY_SIZE)
+        memcpy(self.receive_key, <const char*>receive_key, AEAD_KEY_SIZE)
+        self.sealed = True
 
     cdef int open_disconnect(self, const SessionPacket* packet, bytes datagram):
         """The reason code of a DISCONNECT for this session, or -(DropReason + 1)."""
-        if self.open_aead is None:
+        if not self.sealed:
             return packet.reason if not packet.sealed else -(DROP_BAD_LENGTH + 1)
         if not packet.sealed:
             return -(DROP_AUTH_FAILED + 1)
@@ -270,10 +272,13 @@ cdef class Peer:
     cdef bytes seal_control(self, int packet_type, bytes plaintext):
         """A sealed DISCONNECT or PATH packet: prefix, session_id and seq in clear, then the
         sealed plaintext. Uses up one packet counter, like a DATA packet."""
-        cdef uint8_t header[SEALED_CONTROL_HEADER]
-        write_sealed_header(header, packet_type, self.session_id, <uint16_t>self.send_counter)
-        ad = (<char*>header)[:SEALED_CONTROL_HEADER]
-        packet = ad + self.seal_aead.encrypt(make_nonce(packet_type, self.send_counter), plaintext, ad)
+        cdef uint8_t nonce[AEAD_NONCE_SIZE]
+        cdef bytes packet = PyBytes_FromStringAndSize(NULL, SEALED_CONTROL_HEADER + len(plaintext) + TAG_SIZE)
+        cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(packet)
+        write_sealed_header(out, packet_type, self.session_id, <uint16_t>self.send_counter)
+        write_nonce(nonce, packet_type, self.send_counter)
+        aead_seal(out + SEALED_CONTROL_HEADER, <const uint8_t*><const char*>plaintext, len(plaintext),
+                  out, SEALED_CONTROL_HEADER, nonce, self.send_key)
         self.send_counter += 1
         self.next_seq += 1
         self.in_flight <<= 1                # a seq no DATA packet of ours carries
@@ -283,10 +288,15 @@ cdef class Peer:
         """The plaintext of a sealed control packet of this session, or None if it does not
         authenticate."""
         cdef uint64_t counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, packet.seq)
-        try:
-            plaintext = self.open_aead.decrypt(make_nonce(packet_type, counter),
-                                               datagram[SEALED_CONTROL_HEADER:], datagram[:SEALED_CONTROL_HEADER])
-        except InvalidTag:
+        cdef uint8_t nonce[AEAD_NONCE_SIZE]
+        cdef Py_ssize_t n = len(datagram)
+        cdef const uint8_t* p = <const uint8_t*><const char*>datagram
+        if n < SEALED_CONTROL_HEADER + TAG_SIZE:
+            return None
+        cdef bytes plaintext = PyBytes_FromStringAndSize(NULL, n - SEALED_CONTROL_HEADER - TAG_SIZE)
+        write_nonce(nonce, packet_type, counter)
+        if aead_open(<uint8_t*>PyBytes_AS_STRING(plaintext), p + SEALED_CONTROL_HEADER,
+                     n - SEALED_CONTROL_HEADER, p, SEALED_CONTROL_HEADER, nonce, self.receive_key) != 0:
             return None
         if not self.has_recv_counter or counter > self.recv_counter:
             self.recv_counter = counter
@@ -294,7 +304,7 @@ cdef class Peer:
         return plaintext
 
     cdef bytes path_packet(self, int packet_type, bytes data):
-        if self.seal_aead is None:
+        if not self.sealed:
             return make_path_packet(packet_type, self.session_id, data)
         return self.seal_control(packet_type, data)
 
@@ -334,24 +344,30 @@ cdef class Peer:
         cdef bint has_records = False
         cdef uint64_t counter
         cdef MessageSink sink
-        if self.open_aead is not None:
+        cdef uint8_t nonce[AEAD_NONCE_SIZE]
+        cdef bytes opened
+        cdef uint8_t* out
+        if self.sealed:
             # Authenticate before anything else: a forged or altered packet changes no state
             # (acks, RTT, the received-packet buffer, the idle timer) and is never answered.
             if n < DATA_HEADER_SIZE + TAG_SIZE:
                 return -(DROP_AUTH_FAILED + 1)
             counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_packet_seq(p))
-            view = memoryview(datagram)
-            try:
-                plaintext = self.open_aead.decrypt(make_nonce(PT_DATA, counter), view[DATA_HEADER_SIZE:],
-                                                   view[:DATA_HEADER_SIZE])
-            except InvalidTag:
+            write_nonce(nonce, PT_DATA, counter)
+            # The header (in clear) and the opened records, as one bytes object: the channels
+            # take their messages from it.
+            opened = PyBytes_FromStringAndSize(NULL, n - TAG_SIZE)
+            out = <uint8_t*>PyBytes_AS_STRING(opened)
+            if aead_open(out + DATA_HEADER_SIZE, p + DATA_HEADER_SIZE, n - DATA_HEADER_SIZE,
+                         p, DATA_HEADER_SIZE, nonce, self.receive_key) != 0:
                 return -(DROP_AUTH_FAILED + 1)
+            memcpy(out, p, DATA_HEADER_SIZE)
             if not self.has_recv_counter or counter > self.recv_counter:
                 self.recv_counter = counter
                 self.has_recv_counter = True
-            datagram = datagram[:DATA_HEADER_SIZE] + plaintext
-            p = <const uint8_t*><const char*>datagram
-            n = len(datagram)
+            datagram = opened
+            p = out
+            n -= TAG_SIZE
         read_data_header(p, &h)
         if self.has_received:
             distance = seq_diff(h.seq, self.latest_received)
@@ -594,6 +610,8 @@ cdef class Peer:
         cdef uint64_t units_start
         cdef double held
         cdef bint carries_messages
+        cdef uint8_t nonce[AEAD_NONCE_SIZE]
+        cdef uint8_t* sealed_out
         cdef Py_ssize_t budget = self.bad_redundancy_budget if self.bad_mode else self.redundancy_budget
         # adaptive: copies only while the peer has lost one of our packets recently, and a
         # bounded number per message; always: every unacked message, every datagram.
@@ -642,14 +660,17 @@ cdef class Peer:
             packet.unit_count = <uint32_t>(self.units.head - units_start)
             packet.stamp = self.stamp
             self.in_flight = (self.in_flight << 1) | 1
-            if self.seal_aead is None:
+            if not self.sealed:
                 datagram = PyBytes_FromStringAndSize(<char*>buf, pos)
             else:
-                header = PyBytes_FromStringAndSize(<char*>buf, DATA_HEADER_SIZE)
-                datagram = header + self.seal_aead.encrypt(
-                    make_nonce(PT_DATA, self.send_counter),
-                    PyBytes_FromStringAndSize(<char*>buf + DATA_HEADER_SIZE, pos - DATA_HEADER_SIZE), header)
-                pos = len(datagram)
+                # The header in clear, authenticated with the sealed records after it.
+                datagram = PyBytes_FromStringAndSize(NULL, pos + TAG_SIZE)
+                sealed_out = <uint8_t*>PyBytes_AS_STRING(datagram)
+                memcpy(sealed_out, buf, DATA_HEADER_SIZE)
+                write_nonce(nonce, PT_DATA, self.send_counter)
+                aead_seal(sealed_out + DATA_HEADER_SIZE, buf + DATA_HEADER_SIZE, pos - DATA_HEADER_SIZE,
+                          buf, DATA_HEADER_SIZE, nonce, self.send_key)
+                pos += TAG_SIZE
             self.next_seq += 1
             self.send_counter += 1
             out.append((datagram, self.address))
@@ -693,7 +714,7 @@ cdef class Peer:
         self.next_handshake_at = now + self.connect_resend_interval
 
     cdef bytes _disconnect_packet(self):
-        if self.seal_aead is None:
+        if not self.sealed:
             return make_disconnect(self.session_id, self.disconnect_code)
         # Sealed with the next packet counter; the copies are identical bytes.
         return self.seal_control(PT_DISCONNECT, bytes([self.disconnect_code]))

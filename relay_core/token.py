@@ -6,7 +6,7 @@ client keeps the two session keys and sends only ``private`` to the relay, insid
 handshake; the relay opens it with the key named in its header (``open_token``) and learns who
 the player is and which keys protect the session. Layout: docs/PROTOCOL.md, "Connect tokens".
 
-The private part is ChaCha20-Poly1305 (``cryptography``): the header (version, key id, expiry)
+The private part is ChaCha20-Poly1305 (relay_core.aead): the header (version, key id, expiry)
 travels in clear as associated data, so a relay can read which key to use and the expiry cannot
 be changed without breaking the tag; everything else is encrypted.
 """
@@ -19,8 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from relay_core.aead import AeadError, open_, seal
 
 TOKEN_VERSION = 1
 KEY_SIZE = 32
@@ -172,7 +171,7 @@ def mint_token(key: bytes, key_id: int, room: str, player: str, ttl: float, *,
         bytes([len(room_bytes)]), room_bytes, bytes([len(player_bytes)]), player_bytes,
         struct.pack("<H", len(user_data)), user_data,
     ))
-    private = header + nonce + ChaCha20Poly1305(bytes(key)).encrypt(nonce, plaintext, header)
+    private = header + nonce + seal(key, nonce, plaintext, header)
     return ConnectToken(private, client_key, server_key, room, player, expires_ms / 1000.0)
 
 
@@ -201,8 +200,8 @@ def open_token(keys: Mapping[int, bytes], private: bytes, unix_now: float) -> To
     header = private[:HEADER_SIZE]
     nonce = private[HEADER_SIZE:HEADER_SIZE + NONCE_SIZE]
     try:
-        plaintext = ChaCha20Poly1305(bytes(key)).decrypt(nonce, private[HEADER_SIZE + NONCE_SIZE:], header)
-    except InvalidTag:
+        plaintext = open_(key, nonce, private[HEADER_SIZE + NONCE_SIZE:], header)
+    except AeadError:
         raise TokenError("token_invalid", "authentication failed") from None
     # The layout below was written by whoever holds the key, but is still checked: a key
     # shared with a buggy backend must not crash the relay.

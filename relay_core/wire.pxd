@@ -257,6 +257,7 @@ cdef int decode_disconnect(const uint8_t* p, Py_ssize_t n, SessionPacket* out) n
 cdef int decode_path_packet(const uint8_t* p, Py_ssize_t n, SessionPacket* out) noexcept nogil
 cdef void write_sealed_header(uint8_t* p, int packet_type, uint32_t session_id, uint16_t seq) noexcept nogil
 cdef bytes make_nonce(int packet_type, uint64_t counter)
+cdef void write_nonce(uint8_t* nonce, int packet_type, uint64_t counter) noexcept
 cdef bytes make_connect_request(uint32_t connect_id, bytes token)
 cdef bytes make_challenge(uint32_t connect_id, uint32_t cookie_time, bytes mac)
 cdef bytes make_connect_response(uint32_t connect_id, uint32_t cookie_time, bytes mac, uint16_t ack_delay_ms,

@@ -9,8 +9,7 @@ tooling.
 from libc.string cimport memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from relay_core.aead import AeadError, open_, seal as aead_seal_bytes
 
 DROP_REASONS = (
     "truncated", "bad_magic", "bad_version", "unknown_type", "bad_length", "unknown_peer",
@@ -340,13 +339,17 @@ cdef void write_sealed_header(uint8_t* p, int packet_type, uint32_t session_id, 
     write_u16(p + 8, seq)
 
 
-cdef bytes make_nonce(int packet_type, uint64_t counter):
+cdef void write_nonce(uint8_t* nonce, int packet_type, uint64_t counter) noexcept:
     # Packet type in byte 0 keeps the handshake, DATA and DISCONNECT nonces of one key apart.
-    cdef uint8_t nonce[NONCE_SIZE]
     memset(nonce, 0, NONCE_SIZE)
     nonce[0] = <uint8_t>packet_type
     write_u32(nonce + 4, <uint32_t>(counter & 0xFFFFFFFF))
     write_u32(nonce + 8, <uint32_t>(counter >> 32))
+
+
+cdef bytes make_nonce(int packet_type, uint64_t counter):
+    cdef uint8_t nonce[NONCE_SIZE]
+    write_nonce(nonce, packet_type, counter)
     return (<char*>nonce)[:NONCE_SIZE]
 
 
@@ -449,14 +452,14 @@ class DecodeError(ValueError):
 
 def seal(bytes key, int packet_type, uint64_t counter, header, plaintext):
     """ChaCha20-Poly1305 of ``plaintext`` with ``header`` as associated data: ciphertext + tag."""
-    return ChaCha20Poly1305(key).encrypt(make_nonce(packet_type, counter), bytes(plaintext), bytes(header))
+    return aead_seal_bytes(key, make_nonce(packet_type, counter), plaintext, header)
 
 
 def unseal(bytes key, int packet_type, uint64_t counter, header, sealed):
     """Inverse of seal(); raises DecodeError("auth_failed") if the tag does not verify."""
     try:
-        return ChaCha20Poly1305(key).decrypt(make_nonce(packet_type, counter), bytes(sealed), bytes(header))
-    except InvalidTag:
+        return open_(key, make_nonce(packet_type, counter), sealed, header)
+    except AeadError:
         raise DecodeError("auth_failed") from None
 
 

@@ -1,0 +1,17 @@
+from libc.stdint cimport uint8_t
+
+cdef enum:
+    AEAD_KEY_SIZE = 32
+    AEAD_NONCE_SIZE = 12
+    AEAD_TAG_SIZE = 16
+
+# ChaCha20-Poly1305 IETF (RFC 8439) for C callers: no Python object per call.
+# seal writes plain_length + AEAD_TAG_SIZE bytes (ciphertext || tag) to out; out must not overlap
+# plain. open writes sealed_length - AEAD_TAG_SIZE bytes to out and returns 0, or -1 when the
+# tag does not verify (or sealed_length < AEAD_TAG_SIZE); out must not overlap sealed.
+cdef int aead_seal(uint8_t* out, const uint8_t* plain, Py_ssize_t plain_length,
+                   const uint8_t* ad, Py_ssize_t ad_length, const uint8_t* nonce,
+                   const uint8_t* key) noexcept nogil
+cdef int aead_open(uint8_t* out, const uint8_t* sealed, Py_ssize_t sealed_length,
+                   const uint8_t* ad, Py_ssize_t ad_length, const uint8_t* nonce,
+                   const uint8_t* key) noexcept nogil
