@@ -22,8 +22,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
