@@ -155,8 +155,9 @@ for _ in $(seq 1 60); do
 done
 [ -n "$ready" ] || fail "/ready did not answer 200 within 30 s"
 [ "$(status "$http/health")" = 200 ] || fail "/health did not answer 200"
-# The image's HEALTHCHECK command, run once by hand (no systemd to schedule it here).
-[ "$(podman healthcheck run "$relay_name" 2>&1)" = healthy ] \
+# The image's HEALTHCHECK command, run once by hand (no systemd to schedule it here); exit 0 is
+# healthy.
+podman healthcheck run "$relay_name" >/dev/null 2>&1 \
     || fail "the image's HEALTHCHECK does not pass on a ready relay"
 podman logs "$relay_name" 2>&1 | grep -q '"security": *"token"' \
     || fail "the relay did not start in token mode (no security=token in its started line)"
