@@ -35,7 +35,10 @@ work=$(mktemp -d /tmp/relay-ci-image.XXXXXX)
 relay_name="relay-ci-$$"
 drain_bot="relay-ci-bot-$$"
 cleanup() {
-    podman rm -f -t 0 "$relay_name" "$drain_bot" >/dev/null 2>&1 || true
+    # One call per container: given a name that does not exist, podman rm removes none of them.
+    for container in "$relay_name" "$drain_bot"; do
+        podman rm -f --ignore -t 0 "$container" >/dev/null 2>&1 || true
+    done
     if [ "${CI_IMAGE_KEEP:-}" = 1 ]; then say "work directory kept: $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
