@@ -2,13 +2,16 @@
 #
 # relay: frame-sync (lockstep) relay server.
 #
-#   docker build -t relay .
-#   relay token keygen > keys.toml; openssl rand -hex 32 > admin-token     # once; secrets
-#   docker run --rm --stop-timeout 40 -p 7777:7777/udp -p 127.0.0.1:9100:9100 \
+#   docker build -t relay:0.1.0 .          # or podman build; the tag is pyproject.toml's version,
+#                                          # the one deploy/compose and the kustomizations use
+#   docker run --rm relay:0.1.0 token keygen > keys.toml     # once, the secrets: keygen runs in
+#   openssl rand -hex 32 > admin-token                        # the image, no relay on the host;
+#   chmod 0644 keys.toml admin-token                          # the relay (uid 10001) reads them
+#   docker run --rm --stop-timeout 45 -p 7777:7777/udp -p 127.0.0.1:9100:9100 \
 #       -v relay-replays:/var/lib/relay/replays \
 #       -v "$PWD/keys.toml:/run/secrets/relay_keys:ro" -v "$PWD/admin-token:/run/secrets/relay_admin_token:ro" \
 #       -e RELAY_SECURITY_KEYS_FILE=/run/secrets/relay_keys \
-#       -e RELAY_SECURITY_ADMIN_TOKEN_FILE=/run/secrets/relay_admin_token relay
+#       -e RELAY_SECURITY_ADMIN_TOKEN_FILE=/run/secrets/relay_admin_token relay:0.1.0
 #
 # The image serves players (UDP on 0.0.0.0), so it runs in token mode: it needs token keys and,
 # its HTTP side listening beyond loopback, an admin token; without them it exits 2 saying what
@@ -87,11 +90,12 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('RELAY_SERVER_HTTP_PORT', '9100'), timeout=2)"]
 
 # SIGTERM drains: readiness turns false, running matches may finish for server.drain_timeout
-# (30 s by default), then the rooms end, the replays close and relay exits 0 within
-# server.shutdown_timeout (5 s). Give the container a longer stop grace period than both
-# (docker run --stop-timeout 40, compose stop_grace_period: 40s, Kubernetes
-# terminationGracePeriodSeconds: 40) or lower RELAY_SERVER_DRAIN_TIMEOUT: `docker stop`
-# otherwise kills it after 10 s, Kubernetes after 30 s, and the replays stay unfinished.
+# (30 s, relay/config.py), then the rooms end, the replays close and relay exits 0 within
+# server.shutdown_timeout (5 s). Every shipped stop grace period is 45 s = 30 + 5 + a 10 s margin
+# (which also covers the Kubernetes Deployment's 5 s preStop sleep): docker run --stop-timeout 45,
+# compose stop_grace_period: 45s, Kubernetes terminationGracePeriodSeconds: 45, systemd
+# TimeoutStopSec=45s. Raise it together with RELAY_SERVER_DRAIN_TIMEOUT: `docker stop` otherwise
+# kills the relay after 10 s, Kubernetes after 30 s, and the replays stay unfinished.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["relay"]
 CMD ["serve"]
