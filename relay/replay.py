@@ -770,16 +770,16 @@ def summarize(path) -> dict:
                 membership[event[0]] += 1
                 if (len(event) >= 3 and isinstance(event[1], int) and isinstance(event[2], str)
                         and event[0] in ("join", "reconnect")):
-                    slot, name = event[1], event[2]
-                    joined.setdefault(slot, name)
+                    who = (event[1], event[2])
+                    joined.setdefault(*who)
                     # The header lists who was there at the start; a name joining a slot
                     # the header does not give it came later (a late joiner, or a new player
                     # in a slot whose owner's grace ran out).
-                    if (event[0] == "join" and slot >= 0
-                            and (slot >= len(players) or players[slot] != name)
-                            and (slot, name) not in late_seen):
-                        late_seen.add((slot, name))
-                        late_joiners.append({"slot": slot, "player": name, "frame": number})
+                    if (event[0] == "join" and who[0] >= 0
+                            and (who[0] >= len(players) or players[who[0]] != who[1])
+                            and who not in late_seen):
+                        late_seen.add(who)
+                        late_joiners.append({"slot": who[0], "player": who[1], "frame": number})
     slots = max(len(players), len(inputs))
     late_joiners = [entry for entry in late_joiners if entry["slot"] < slots]
     inputs.extend([0] * (slots - len(inputs)))
