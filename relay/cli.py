@@ -272,14 +272,38 @@ def _add_token(sub) -> None:
     keygen.set_defaults(func=_token_keygen)
 
 
-def _bench_module(name: str):
-    """A benchmark script from the source tree's benchmarks/ (they do not ship in the wheel)."""
-    import importlib.util
+BENCHMARKS = {
+    # relay bench NAME: (script in benchmarks/, what it measures)
+    "loss": ("loss_latency", "latency under loss against ENet and KCP"),
+    "capacity": ("capacity", "players per core against a C echo and an ENet relay"),
+}
+
+
+def _bench_dirs() -> list:
+    """Where benchmarks/ may be: beside the relay package (a checkout, an editable install),
+    else the working directory when it is a relay checkout (the installed `relay` run there)."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    if not path.exists():
+    beside = Path(relay.__file__).resolve().parent.parent
+    here = Path.cwd()
+    return [beside] + ([here] if here != beside and (here / "relay_core").is_dir() else [])
+
+
+def _bench_module(name: str):
+    """A benchmark script from a source tree's benchmarks/ (they do not ship in the wheel);
+    None if there is none."""
+    import importlib.util
+
+    for root in _bench_dirs():
+        path = root / "benchmarks" / f"{name}.py"
+        if path.exists():
+            break
+    else:
         return None
+    # The scripts put their checkout first on sys.path; import the compiled core now, from
+    # wherever relay came from, so an unbuilt checkout's relay_core does not shadow it.
+    import relay_core  # noqa: F401
+
     spec = importlib.util.spec_from_file_location(f"relay_bench_{name}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -287,6 +311,13 @@ def _bench_module(name: str):
     sys.modules[spec.name] = module         # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
+
+
+def _no_bench_text(name: str, script: str) -> str:
+    return (f"the benchmarks are not installed with the relay package: they run from a source "
+            f"checkout (git clone, then `pip install -e .` or `python setup.py build_ext "
+            f"--inplace`). There run: python benchmarks/{script}.py --help (or, from the "
+            f"checkout, relay bench {name} --help)")
 
 
 def _add_bench(sub, load: bool) -> None:
@@ -297,20 +328,20 @@ def _add_bench(sub, load: bool) -> None:
         # Importing the benchmark scripts is left to `relay bench ...` itself.
         bench.set_defaults(func=lambda args: 2)
         return
-    for name, script, text in (("loss", "loss_latency", "latency under loss against ENet and KCP"),
-                               ("capacity", "capacity", "players per core against a C echo and an ENet relay")):
-        parser = bench_sub.add_parser(name, help=text)
+    for name, (script, text) in BENCHMARKS.items():
         module = _bench_module(script)
         if module is None:
-            parser.set_defaults(func=lambda args, script=script: _no_bench(script))
+            # --help says what to run instead of showing no options.
+            parser = bench_sub.add_parser(name, help=text, description=_no_bench_text(name, script))
+            parser.set_defaults(func=lambda args, name=name, script=script: _no_bench(name, script))
         else:
+            parser = bench_sub.add_parser(name, help=text, description=(module.__doc__ or "").strip().split("\n")[0])
             module.add_arguments(parser)
             parser.set_defaults(func=module.run)
 
 
-def _no_bench(script: str) -> int:
-    print(f"relay bench: benchmarks/{script}.py is not here; the benchmarks ship with the "
-          f"source tree, not the wheel", file=sys.stderr)
+def _no_bench(name: str, script: str) -> int:
+    print(f"relay bench {name}: {_no_bench_text(name, script)}", file=sys.stderr)
     return 2
 
 
