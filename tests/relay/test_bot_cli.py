@@ -192,3 +192,35 @@ def test_every_option_has_help_with_its_default(capsys):
             assert "default" in action.help.lower(), action.dest
     for text in ("--auto-input-delay", "--start-timeout", "(default 10.0)"):
         assert text in out, text
+
+
+def test_relay_bot_exits_1_when_the_relay_is_killed(capsys):
+    """`relay bot` against a real `relay serve` killed mid-run: exit 1, the reason printed."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", "serve", "--udp-port", str(port), "--http-port", "0",
+         "--set", "replay.enabled=false"], cwd=Path(__file__).resolve().parents[2],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        for line in relay.stderr:          # wait until it listens
+            if "event='started'" in line:
+                break
+        killer = threading.Timer(1.5, relay.kill)
+        killer.start()
+        assert main(["bot", "--server", f"127.0.0.1:{port}", "--seconds", "3.5", "--json"]) == 1
+        killer.join()
+    finally:
+        relay.kill()
+        relay.wait(timeout=10)
+        relay.stderr.close()
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["short_bots"] == 2
+    assert all(f"127.0.0.1:{port}" in error for error in summary["errors"])
