@@ -331,7 +331,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a key (repeatable; default: none, open mode)")
     tokens.add_argument("--key-file", help='TOML file of ID = "BASE64KEY" lines (default: none)')
     tokens.add_argument("--config", help="relay TOML settings holding the keys ([security]) "
-                                          "(default: $RELAY_CONFIG when a key is needed)")
+                                          "(default: none)")
     tokens.add_argument("--key-id", type=int, help="key to mint with (default: the highest id, "
                                                    "or security.mint_key_id)")
     tokens.add_argument("--token-ttl", type=float, default=30.0,
