@@ -26,10 +26,13 @@ def _info(_args: argparse.Namespace) -> int:
 
 
 async def _serve(config) -> int:
+    from relay.config import describe
+    from relay.logs import get_logger
     from relay.server import RelayServer
 
     server = RelayServer(config)
-    await server.start()
+    await server.start()        # ListenError: one line from the caller, nothing logged before it
+    get_logger("relay").info("config", **describe(config))
     loop = asyncio.get_running_loop()
     # SIGTERM (orchestrators): drain, let matches finish up to drain_timeout, then stop.
     # SIGINT (a person at a terminal), or a second SIGTERM: stop now.
@@ -57,21 +60,103 @@ async def _serve(config) -> int:
     return 0
 
 
+EXIT_CONFIG = 2
+"""`relay serve` exit status: invalid settings, or a replay directory it cannot write."""
+EXIT_LISTEN = 3
+"""`relay serve` exit status: a UDP or HTTP address it cannot listen on."""
+
+SERVE_EPILOG = f"""\
+Settings, later ones win: embedded defaults, the --config file, RELAY_<SECTION>_<KEY>
+environment variables (e.g. RELAY_SERVER_UDP_PORT=7778), then these flags (--udp-port,
+--set server.tick_rate=60, ...). Every value is checked the same way wherever it comes from.
+The annotated reference of every setting is configs/relay.toml.
+
+Replays go to replay.directory ("replays", relative to the working directory, by default); it
+is created and checked for writing at start. Set replay.directory to an absolute path for a
+service, or replay.enabled=false.
+
+Exit status: 0 stopped cleanly (SIGTERM drains first, SIGINT stops at once); 1 the shutdown
+took longer than server.shutdown_timeout; {EXIT_CONFIG} invalid settings or an unwritable replay
+directory; {EXIT_LISTEN} cannot listen on the UDP or HTTP address (port in use, a port below
+1024 without privileges, an address not on this machine). Errors are one line on stderr.
+"""
+
+
+def _add_serve(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="run the relay (embedded defaults, or --config FILE)",
+        description="Run the relay: game traffic on UDP, metrics and the admin API on HTTP.",
+        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--config", metavar="FILE",
+                       help="TOML settings file (default: $RELAY_CONFIG, else the embedded "
+                            "defaults)")
+    listen = serve.add_argument_group("listeners (override the file and the environment)")
+    listen.add_argument("--udp-host", metavar="ADDRESS",
+                        help="server.udp_host: address for game traffic (default 127.0.0.1; "
+                             "0.0.0.0 for every interface, which needs token keys)")
+    listen.add_argument("--udp-port", metavar="PORT",
+                        help="server.udp_port: UDP port for game traffic (default 7777; 0: any "
+                             "free port)")
+    listen.add_argument("--http-host", metavar="ADDRESS",
+                        help="server.http_host: address of metrics and the admin API "
+                             "(default 127.0.0.1)")
+    listen.add_argument("--http-port", metavar="PORT",
+                        help="server.http_port: TCP port of metrics and the admin API "
+                             "(default 9100; 0: any free port)")
+    serve.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="any setting, e.g. --set rooms.capacity=4 --set "
+                            "replay.directory=/var/lib/relay/replays (repeatable; values are "
+                            "written as in RELAY_* variables)")
+    serve.set_defaults(func=_serve_command)
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    """The command line's settings as load_config overrides, the flags last (they win)."""
+    from relay.config import parse_override
+
+    overrides = []
+    for text in args.set:
+        section, key, value = parse_override(text)
+        overrides.append((section, key, value, f"--set {section}.{key}"))  # not the value: it may be a secret
+    for name in ("udp_host", "udp_port", "http_host", "http_port"):
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(("server", name, value, f"--{name.replace('_', '-')}"))
+    return overrides
+
+
 def _serve_command(args: argparse.Namespace) -> int:
-    from relay.config import ConfigError, describe, load_config
-    from relay.logs import configure, get_logger
+    from relay.config import ConfigError, load_config
+    from relay.errors import ListenError
+    from relay.logs import configure
+    from relay.server.recording import check_replay_directory
 
     try:
-        config = load_config(args.config or os.environ.get("RELAY_CONFIG"))
+        config = load_config(args.config or os.environ.get("RELAY_CONFIG"),
+                             overrides=_overrides(args))
         config.check_serve()
     except ConfigError as error:
         print(f"relay: invalid configuration: {error}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    try:
+        replays = check_replay_directory(config.replay)
+    except OSError as error:
+        print(f"relay: replay.directory={config.replay.directory!r}: cannot write replays "
+              f"there: {error.strerror or error}"
+              f"{' (' + str(error.filename) + ')' if error.filename else ''}; set "
+              f"replay.directory (RELAY_REPLAY_DIRECTORY, --set replay.directory=PATH) to a "
+              f"writable directory, or replay.enabled=false", file=sys.stderr)
+        return EXIT_CONFIG
+    if replays is not None:
+        config.replay.directory = str(replays)    # what the log shows: the absolute path
     configure(config.server.log_level, config.server.log_format)
-    get_logger("relay").info("config", **{section: values for section, values in describe(config).items()})
     import uvloop
 
-    return uvloop.run(_serve(config))
+    try:
+        return uvloop.run(_serve(config))
+    except ListenError as error:
+        print(f"relay: {error}", file=sys.stderr)
+        return EXIT_LISTEN
 
 
 # -- relay token --------------------------------------------------------------------------------
@@ -187,14 +272,38 @@ def _add_token(sub) -> None:
     keygen.set_defaults(func=_token_keygen)
 
 
-def _bench_module(name: str):
-    """A benchmark script from the source tree's benchmarks/ (they do not ship in the wheel)."""
-    import importlib.util
+BENCHMARKS = {
+    # relay bench NAME: (script in benchmarks/, what it measures)
+    "loss": ("loss_latency", "latency under loss against ENet and KCP"),
+    "capacity": ("capacity", "players per core against a C echo and an ENet relay"),
+}
+
+
+def _bench_dirs() -> list:
+    """Where benchmarks/ may be: beside the relay package (a checkout, an editable install),
+    else the working directory when it is a relay checkout (the installed `relay` run there)."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    if not path.exists():
+    beside = Path(relay.__file__).resolve().parent.parent
+    here = Path.cwd()
+    return [beside] + ([here] if here != beside and (here / "relay_core").is_dir() else [])
+
+
+def _bench_module(name: str):
+    """A benchmark script from a source tree's benchmarks/ (they do not ship in the wheel);
+    None if there is none."""
+    import importlib.util
+
+    for root in _bench_dirs():
+        path = root / "benchmarks" / f"{name}.py"
+        if path.exists():
+            break
+    else:
         return None
+    # The scripts put their checkout first on sys.path; import the compiled core now, from
+    # wherever relay came from, so an unbuilt checkout's relay_core does not shadow it.
+    import relay_core  # noqa: F401
+
     spec = importlib.util.spec_from_file_location(f"relay_bench_{name}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -202,6 +311,13 @@ def _bench_module(name: str):
     sys.modules[spec.name] = module         # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
+
+
+def _no_bench_text(name: str, script: str) -> str:
+    return (f"the benchmarks are not installed with the relay package: they run from a source "
+            f"checkout (git clone, then `pip install -e .` or `python setup.py build_ext "
+            f"--inplace`). There run: python benchmarks/{script}.py --help (or, from the "
+            f"checkout, relay bench {name} --help)")
 
 
 def _add_bench(sub, load: bool) -> None:
@@ -212,20 +328,20 @@ def _add_bench(sub, load: bool) -> None:
         # Importing the benchmark scripts is left to `relay bench ...` itself.
         bench.set_defaults(func=lambda args: 2)
         return
-    for name, script, text in (("loss", "loss_latency", "latency under loss against ENet and KCP"),
-                               ("capacity", "capacity", "players per core against a C echo and an ENet relay")):
-        parser = bench_sub.add_parser(name, help=text)
+    for name, (script, text) in BENCHMARKS.items():
         module = _bench_module(script)
         if module is None:
-            parser.set_defaults(func=lambda args, script=script: _no_bench(script))
+            # --help says what to run instead of showing no options.
+            parser = bench_sub.add_parser(name, help=text, description=_no_bench_text(name, script))
+            parser.set_defaults(func=lambda args, name=name, script=script: _no_bench(name, script))
         else:
+            parser = bench_sub.add_parser(name, help=text, description=(module.__doc__ or "").strip().split("\n")[0])
             module.add_arguments(parser)
             parser.set_defaults(func=module.run)
 
 
-def _no_bench(script: str) -> int:
-    print(f"relay bench: benchmarks/{script}.py is not here; the benchmarks ship with the "
-          f"source tree, not the wheel", file=sys.stderr)
+def _no_bench(name: str, script: str) -> int:
+    print(f"relay bench {name}: {_no_bench_text(name, script)}", file=sys.stderr)
     return 2
 
 
@@ -233,10 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="relay", description="Frame-sync (lockstep) relay server")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the relay (embedded defaults, or --config FILE)")
-    serve.add_argument("--config", help="TOML settings file (default: embedded defaults; "
-                                        "RELAY_<SECTION>_<KEY> variables override single settings)")
-    serve.set_defaults(func=_serve_command)
+    _add_serve(sub)
 
     from relay import replay
 
@@ -259,7 +372,31 @@ def main(argv: list[str] | None = None) -> int:
     _add_bench(sub, load=argv[:1] == ["bench"])
     sub.add_parser("info", help="print the version and the compiled core in use").set_defaults(func=_info)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return run_command(args.func, args)
+
+
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""What a shell reports for a program ended by SIGPIPE, as `cat FILE | head` gives cat."""
+
+
+def run_command(func, args: argparse.Namespace) -> int:
+    """``func(args)``, quiet when stdout's reader goes away (``relay replay inspect --json F |
+    head``): no BrokenPipeError traceback, the status of a command ended by SIGPIPE."""
+    try:
+        status = func(args)
+        sys.stdout.flush()      # inside the try: a buffered write fails only here
+        return status
+    except BrokenPipeError:
+        # Python ignores SIGPIPE, so the write raised; the interpreter's final flush would
+        # fail again and print "Exception ignored": point stdout at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):     # stdout is no real file (tests)
+            pass
+        finally:
+            os.close(devnull)
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from relay.errors import ConfigError  # an invalid setting: names the key, the value, what is allowed
 
@@ -502,10 +502,31 @@ def _apply(config: RelayConfig, section: str, key: str, raw: Any, from_env: bool
     setattr(target, key, _coerce(f"{section}.{key}", raw, types[key], from_env))
 
 
+def _source_of(error: ConfigError, sources: Mapping[str, str]) -> Optional[str]:
+    """Where the setting an error names (its "section.key" prefix) was set, if not a default."""
+    return sources.get(re.split(r"[=:]", str(error), maxsplit=1)[0])
+
+
+def parse_override(text: str) -> tuple[str, str, str]:
+    """``"section.key=value"`` (a --set argument) -> (section, key, value); ConfigError if the
+    text has no dot before the '=' or no '='."""
+    name, sep, value = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE (e.g. server.udp_port=7778)")
+    return section, key, value
+
+
 def load_config(path: Optional[str | Path] = None,
-                environ: Optional[Mapping[str, str]] = None) -> RelayConfig:
-    """Defaults, then the TOML file (if any), then RELAY_<SECTION>_<KEY> variables; validated."""
+                environ: Optional[Mapping[str, str]] = None,
+                overrides: Sequence[tuple[str, str, str, str]] = ()) -> RelayConfig:
+    """Defaults, then the TOML file (if any), then RELAY_<SECTION>_<KEY> variables, then
+    ``overrides`` (command-line flags: (section, key, text, flag) tuples, the text parsed as an
+    environment variable's); validated. A ConfigError names where the bad setting came from:
+    the file (``path: key=...``), the variable or the flag."""
     config = RelayConfig()
+    sources: dict[str, str] = {}
+    """"section.key" -> where its value came from, for error messages."""
     if path is not None:
         try:
             with open(path, "rb") as handle:
@@ -516,10 +537,13 @@ def load_config(path: Optional[str | Path] = None,
             raise ConfigError(f"{path}: not valid TOML: {error}") from None
         for section, values in document.items():
             if not isinstance(values, dict):
-                raise ConfigError(f"{section}: expected a [{section}] table")
+                raise ConfigError(f"{path}: {section}: expected a [{section}] table")
             for key, raw in values.items():
-                _apply(config, section, key, raw)
-    from_env: dict[str, str] = {}
+                try:
+                    _apply(config, section, key, raw)
+                except ConfigError as error:
+                    raise ConfigError(f"{path}: {error}") from None
+                sources[f"{section}.{key}"] = f"file {path}"
     for name, raw in (os.environ if environ is None else environ).items():
         if not name.startswith(ENV_PREFIX) or name in ("RELAY_CONFIG",):
             continue
@@ -531,14 +555,22 @@ def load_config(path: Optional[str | Path] = None,
             _apply(config, section, key, raw, from_env=True)
         except ConfigError as error:
             raise ConfigError(f"{error} (from environment variable {name})") from None
-        from_env[f"{section}.{key}"] = name
+        sources[f"{section}.{key}"] = f"environment variable {name}"
+    for section, key, raw, flag in overrides:
+        try:
+            _apply(config, section, key, raw, from_env=True)
+        except ConfigError as error:
+            raise ConfigError(f"{error} (from {flag})") from None
+        sources[f"{section}.{key}"] = flag
     try:
         return config.validate()
     except ConfigError as error:
-        key = re.split(r"[=:]", str(error), maxsplit=1)[0]
-        if key in from_env:
-            raise ConfigError(f"{error} (from environment variable {from_env[key]})") from None
-        raise
+        source = _source_of(error, sources)
+        if source is None:
+            raise
+        if source.startswith("file "):
+            raise ConfigError(f"{source[len('file '):]}: {error}") from None
+        raise ConfigError(f"{error} (from {source})") from None
 
 
 SECRETS = {("security", "keys"), ("security", "admin_token")}

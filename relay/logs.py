@@ -7,15 +7,35 @@ import sys
 import structlog
 
 
+def _renderer(fmt: str):
+    return (structlog.processors.JSONRenderer() if fmt == "json"
+            else structlog.processors.KeyValueRenderer(key_order=["ts", "level", "event"]))
+
+
 def _processors(fmt: str) -> list:
-    renderer = (structlog.processors.JSONRenderer() if fmt == "json"
-                else structlog.processors.KeyValueRenderer(key_order=["ts", "level", "event"]))
     return [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", key="ts"),
         structlog.processors.format_exc_info,
-        renderer,
+        _renderer(fmt),
     ]
+
+
+def stdlib_formatter(fmt: str = "text") -> logging.Formatter:
+    """A formatter that renders stdlib records (aiohttp, asyncio, the HTTP side) exactly as the
+    relay's structlog events: same keys, same renderer, plus ``logger`` and the record's extras."""
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", key="ts"),
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.ExtraAdder(),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            _renderer(fmt),
+        ])
 
 
 def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
@@ -25,10 +45,15 @@ def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
-    # Libraries that use stdlib logging (aiohttp) go to the same stream, one line per record.
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=stream or sys.stderr,
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s event=%(message)r",
-                        force=True)
+    # Libraries that use stdlib logging (aiohttp, asyncio) go to the same stream in the same
+    # format, so one parser (or `grep event=`) reads every line.
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(stdlib_formatter(fmt))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
 
 
 def get_logger(name: str = "relay"):

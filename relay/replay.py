@@ -731,6 +731,8 @@ def summarize(path) -> dict:
     players = list(header["players"])
     inputs: list[int] = []
     joined: dict[int, str] = {}
+    late_joiners: list[dict] = []
+    late_seen: set[tuple[int, str]] = set()
     membership: Counter = Counter()
     frames = 0
     first = last = None
@@ -768,8 +770,18 @@ def summarize(path) -> dict:
                 membership[event[0]] += 1
                 if (len(event) >= 3 and isinstance(event[1], int) and isinstance(event[2], str)
                         and event[0] in ("join", "reconnect")):
-                    joined.setdefault(event[1], event[2])
+                    who = (event[1], event[2])
+                    joined.setdefault(*who)
+                    # The header lists who was there at the start; a name joining a slot
+                    # the header does not give it came later (a late joiner, or a new player
+                    # in a slot whose owner's grace ran out).
+                    if (event[0] == "join" and who[0] >= 0
+                            and (who[0] >= len(players) or players[who[0]] != who[1])
+                            and who not in late_seen):
+                        late_seen.add(who)
+                        late_joiners.append({"slot": who[0], "player": who[1], "frame": number})
     slots = max(len(players), len(inputs))
+    late_joiners = [entry for entry in late_joiners if entry["slot"] < slots]
     inputs.extend([0] * (slots - len(inputs)))
     per_slot = []
     for slot in range(slots):
@@ -785,7 +797,9 @@ def summarize(path) -> dict:
         "format_version": header["version"],
         "room": header["room"],
         "tick_rate": tick_rate,
-        "players": players,
+        # Every slot's player: the header's (there at the start), else who joined it later.
+        "players": [entry["player"] for entry in per_slot],
+        "late_joiners": late_joiners,
         "relay_version": header["relay_version"],
         "started_at": header["started_at"],
         "ended_at": end.get("ended_at") if end else None,
@@ -833,8 +847,15 @@ def format_summary(summary: dict) -> str:
         status += " (truncated by the size cap)"
     inputs = ", ".join(f"{entry['slot']}:{entry['player'] or '-'} {entry['inputs']}"
                        for entry in summary["inputs_per_player"]) or "none"
+    joined_at = {entry["slot"]: entry["frame"] for entry in reversed(summary["late_joiners"])}
     players = ", ".join(f"{slot}:{name or '-'}"
+                        + (f" (joined at frame {joined_at[slot]})" if slot in joined_at else "")
                         for slot, name in enumerate(summary["players"])) or "none"
+    later = [f"{entry['slot']}:{entry['player']} at frame {entry['frame']}"
+             for entry in summary["late_joiners"]
+             if summary["players"][entry["slot"]] != entry["player"]]
+    if later:       # a slot that changed hands: its later players too
+        players += "; later " + ", ".join(later)
     lines = [
         ("file", summary["file"]),
         ("room", f"{summary['room']} (relay {summary['relay_version']}, "
@@ -1031,10 +1052,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     """``relay replay inspect FILE [--json]`` or ``relay replay desync FILE --frame N``: 0 on
     success, 1 for a missing or bad file."""
+    from relay.cli import run_command
+
     parser = argparse.ArgumentParser(prog="relay replay", description="Replay files")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ SLOW_LAYERS = frozenset({"e2e", "deploy", "bench", "clients"})
 languages, floods, soak, packaging and deployment, benchmark smoke runs."""
 SLOW_FILES = frozenset({
     "test_http.py", "test_netem.py", "test_bot_cli.py", "test_token_cli.py",    # real sockets
+    "test_serve_cli.py", "test_checkout.py", "test_logs.py",                    # processes, sockets
     "test_fuzz.py", "test_relay_fuzz.py",                                        # fuzzing budgets
 })
 """Slow files in the fast layers (core, relay)."""

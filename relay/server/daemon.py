@@ -17,6 +17,7 @@ from typing import Any, Optional
 import relay
 from relay.server.agones import AgonesClient
 from relay.config import RelayConfig, is_loopback
+from relay.errors import ListenError
 from relay.server.lobby import LOBBY_EVENTS, Lobby
 from relay.logs import get_logger
 from relay.server.metrics import Metrics
@@ -126,20 +127,31 @@ class RelayServer:
         address = (server.udp_host, server.udp_port)
         on_error = lambda exc: self.log.debug("udp_error", error=str(exc))  # noqa: E731
         driver: EndpointDriver | BatchedEndpointDriver
-        if BATCHED_IO:
-            driver = await open_batched_driver(
-                self.endpoint, address, self.on_datagrams, on_error=on_error,
-                read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER,
-                max_batches=READ_BATCHES, defer_flush=True)
-        else:
-            driver = await open_driver(self.endpoint, address, self.on_datagrams, on_error=on_error)
+        try:
+            if BATCHED_IO:
+                driver = await open_batched_driver(
+                    self.endpoint, address, self.on_datagrams, on_error=on_error,
+                    read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER,
+                    max_batches=READ_BATCHES, defer_flush=True)
+            else:
+                driver = await open_driver(self.endpoint, address, self.on_datagrams, on_error=on_error)
+        except OSError as error:
+            raise ListenError("udp", server.udp_host, server.udp_port, error) from error
         self.driver = driver
         assert driver.transport is not None     # open: the socket is bound
         self.udp_address = driver.transport.get_extra_info("sockname")[:2]
-        self._http_runner, self.http_port = await start_http(
-            self, self.metrics, server.http_host, server.http_port,
-            admin_token=self.config.security.load_admin_token(),
-            require_auth=not is_loopback(server.http_host))
+        try:
+            self._http_runner, self.http_port = await start_http(
+                self, self.metrics, server.http_host, server.http_port,
+                admin_token=self.config.security.load_admin_token(),
+                require_auth=not is_loopback(server.http_host))
+        except BaseException as error:
+            # A half-started relay must not keep the UDP port (nor take datagrams nobody serves).
+            driver.close()
+            self.driver = None
+            if isinstance(error, OSError):
+                raise ListenError("http", server.http_host, server.http_port, error) from error
+            raise
         if self.security_mode == "open" and not is_loopback(server.udp_host):
             self.log.warning(
                 "open_mode_on_public_address", udp=server.udp_host,

@@ -36,6 +36,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from relay.errors import RelayError
 from relay.server.lobby import ROOM_OPTION_TYPES
@@ -315,6 +316,20 @@ def create_app(server: Any, metrics: Any, *, admin_token: str | None = None,
     return app
 
 
+class AccessLog(AbstractAccessLogger):
+    """One debug line per request: at info, a Prometheus scrape every few seconds would be most
+    of the log. Fields as extras, so the structlog formatter renders them as keys."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.debug("http_request", extra={
+            "method": request.method, "path": request.path, "status": response.status,
+            "ms": round(time * 1000, 2), "remote": request.remote})
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.DEBUG)
+
+
 async def start_http(server: Any, metrics: Any, host: str | None, port: int,
                      *, shutdown_timeout: float = 5.0, admin_token: str | None = None,
                      require_auth: bool | None = None) -> tuple[web.AppRunner, int]:
@@ -326,7 +341,7 @@ async def start_http(server: Any, metrics: Any, host: str | None, port: int,
 
         require_auth = host is None or not is_loopback(host)
     app = create_app(server, metrics, admin_token=admin_token, require_auth=require_auth)
-    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout)
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout, access_log_class=AccessLog)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
@@ -335,7 +350,7 @@ async def start_http(server: Any, metrics: Any, host: str | None, port: int,
         await runner.cleanup()
         raise
     bound_port = runner.addresses[0][1]
-    log.info("admin http listening on %s:%d", host or "*", bound_port)
+    log.info("http_listening", extra={"address": f"{host or '*'}:{bound_port}"})
     return runner, bound_port
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,22 @@ from relay.config import ReplaySettings
 from relay.replay import ReplayWriter, enforce_disk_cap
 
 _UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def check_replay_directory(settings: ReplaySettings) -> Path | None:
+    """Create the replay directory if missing and prove it writable by writing a file there;
+    the absolute path (None when replays are off). Raises OSError (the message names the path)
+    at start-up, instead of the first match failing to record."""
+    if not settings.enabled:
+        return None
+    directory = Path(settings.directory).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{directory} is not a directory")
+    # Permission bits do not tell (root, ACLs, read-only mounts): try it.
+    with tempfile.TemporaryFile(prefix=".relay-write-check-", dir=directory):
+        pass
+    return directory
 
 
 class ReplayRecorder:

@@ -518,3 +518,71 @@ def test_a_version_1_frame_of_another_layout_is_a_protocol_error(tmp_path, frame
     with pytest.raises(ProtocolError) as refusal:
         list(ReplayReader(path).decoded_frames())
     assert refusal.value.code == "malformed"
+
+
+def late_joiner_file(tmp_path):
+    """A match that started with alice alone; bob joined slot 1 at frame 5, and after bob's
+    grace ran out carol took slot 1 at frame 9."""
+    path = tmp_path / "late.replay"
+    with writer(path, players=["alice"], tick_rate=30) as w:
+        for number in range(12):
+            events = {0: [["join", 0, "alice"]], 5: [["join", 1, "bob"]],
+                      9: [["join", 1, "carol"]]}.get(number, [])
+            inputs = [b"a"] if number < 5 else [b"a", b"b"]
+            w.append_frame(number, Frame(number, inputs, events).encode())
+    return path
+
+
+def test_inspect_lists_late_joiners_in_the_header(tmp_path, capsys):
+    path = late_joiner_file(tmp_path)
+    summary = summarize(path)
+    assert summary["players"] == ["alice", "bob"]
+    assert summary["late_joiners"] == [{"slot": 1, "player": "bob", "frame": 5},
+                                       {"slot": 1, "player": "carol", "frame": 9}]
+    assert main(["inspect", str(path)]) == 0
+    players = next(line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("players"))
+    assert "0:alice" in players and "1:bob (joined at frame 5)" in players
+    assert "1:carol at frame 9" in players
+    assert main(["inspect", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["players"] == ["alice", "bob"]
+
+
+def test_players_there_at_the_start_are_not_late_joiners(tmp_path):
+    path, _ = summary_file(tmp_path)
+    assert summarize(path)["late_joiners"] == []
+
+
+def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`relay replay inspect --json FILE | head`: the reader goes away, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path, _ = summary_file(tmp_path)
+    root = Path(__file__).resolve().parents[2]
+    for module in ("relay.cli", "relay.replay"):
+        args = ["replay", "inspect", "--json", str(path)] if module == "relay.cli" else \
+            ["inspect", "--json", str(path)]
+        read, write = os.pipe()
+        os.close(read)              # the reader is gone before anything is written
+        result = subprocess.run([sys.executable, "-m", module, *args], cwd=root, stdout=write,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+        os.close(write)
+        assert result.stderr == "", result.stderr
+        assert result.returncode == 141
+
+
+def test_broken_pipe_in_process_returns_the_sigpipe_status(tmp_path, monkeypatch):
+    from relay import cli
+
+    class GoneReader:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    path, _ = summary_file(tmp_path)
+    monkeypatch.setattr("sys.stdout", GoneReader())
+    assert cli.main(["replay", "inspect", "--json", str(path)]) == cli.EXIT_BROKEN_PIPE
