@@ -83,6 +83,11 @@ class ServerSettings:
     counted as reassembly_full)."""
     block_memory_limit: int = 64 * 1024 * 1024
     """Bytes of block receive buffers across all peers."""
+    # -- receive memory (issue 17, M4) --
+    receive_memory_limit: int = 256 * 1024 * 1024
+    """Bytes held for all peers together before delivery: partly received and out-of-order
+    messages with their bookkeeping, and block buffers (more is dropped, counted as
+    receive_memory_full, and sent again by the client later)."""
 
     def validate(self) -> None:
         _check_host("server.udp_host", self.udp_host)
@@ -103,6 +108,9 @@ class ServerSettings:
         # The core's floor: one largest reliable message must fit (256 KiB).
         _check_range("server.reassembly_limit", self.reassembly_limit, 256 * 1024, 2**32)
         _check_range("server.block_memory_limit", self.block_memory_limit, 32 * 1024 * 1024, 2**40)
+        # Room for one largest block (32 MiB, protocol.MAX_BLOCK_SIZE); the core also wants it
+        # at least reassembly_limit.
+        _check_range("server.receive_memory_limit", self.receive_memory_limit, 32 * 1024 * 1024, 2**40)
 
 
 @dataclass

@@ -32,6 +32,7 @@ cdef class BlockReceiver:
     cdef Py_ssize_t max_block_size
     cdef MemoryBudget budget            # shared by every peer of the endpoint
     cdef bytearray buffer
+    cdef Py_ssize_t charged             # what buffer and received cost, charged to budget
     cdef uint32_t block_size
     cdef int slice_count
     cdef int slice_size

@@ -13,9 +13,9 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t
 
-from relay_core.fragment cimport MemoryBudget
+from relay_core.fragment cimport ADMIT_OK, ADMIT_SHARED_LIMIT, BLOCK_OVERHEAD, MemoryBudget, refusal
 from relay_core.wire cimport (
-    Record, DROP_BAD_BLOCK_SLICE, DROP_BLOCK_TOO_LARGE, DROP_REASSEMBLY_FULL, seq_diff, varint_size,
+    Record, DROP_BAD_BLOCK_SLICE, DROP_BLOCK_TOO_LARGE, seq_diff, varint_size,
     write_slice_record, write_block_ack_record,
 )
 
@@ -212,7 +212,8 @@ cdef class BlockReceiver:
         """Store one slice; a finished block is appended to ``completed`` as (block_id, bytes)."""
         cdef int distance = seq_diff(r.block_id, self.expected)
         cdef int index = r.slice_index
-        cdef int slice_size, expected_length
+        cdef int slice_size, expected_length, admitted
+        cdef Py_ssize_t cost
         if distance < 0:
             # The sender has not seen our final ack yet: say again that it is complete.
             if self.has_completed and r.block_id == self.completed_id:
@@ -223,8 +224,16 @@ cdef class BlockReceiver:
         if self.buffer is None:
             if r.block_size > <uint32_t>self.max_block_size:
                 return -(DROP_BLOCK_TOO_LARGE + 1)
-            if not self.budget.fits(r.block_size):
-                return -(DROP_REASSEMBLY_FULL + 1)      # not acked: the sender tries again
+            # Not acked when it does not fit, so the sender tries again: block_memory_limit
+            # counts block bytes; the endpoint's receive budget (the parent) also counts the
+            # per-slice flags and the two objects.
+            cost = <Py_ssize_t>r.block_size + r.slice_count + BLOCK_OVERHEAD
+            admitted = self.budget.admit(r.block_size, False)
+            if admitted == ADMIT_OK and self.budget.parent is not None \
+                    and not self.budget.parent.fits(cost):
+                admitted = ADMIT_SHARED_LIMIT
+            if admitted != ADMIT_OK:
+                return refusal(admitted)
             slice_size = <int>((r.block_size + r.slice_count - 1) // r.slice_count) if r.block_size else 0
             if r.block_size == 0:
                 if r.slice_count != 1:
@@ -232,7 +241,10 @@ cdef class BlockReceiver:
             elif <Py_ssize_t>(r.slice_count - 1) * slice_size >= r.block_size:
                 return -(DROP_BAD_BLOCK_SLICE + 1)
             self.buffer = bytearray(r.block_size)
-            self.budget.used += r.block_size
+            self.charged = cost
+            self.budget.charge(r.block_size)
+            if self.budget.parent is not None:
+                self.budget.parent.charge(cost - r.block_size)
             self.received = bytearray(r.slice_count)
             self.block_size = r.block_size
             self.slice_count = r.slice_count
@@ -263,8 +275,11 @@ cdef class BlockReceiver:
         return 0
 
     cdef void release(self):
-        if self.buffer is not None:
-            self.budget.used -= self.block_size
+        if self.charged:
+            self.budget.credit(self.block_size)
+            if self.budget.parent is not None:
+                self.budget.parent.credit(self.charged - self.block_size)
+        self.charged = 0
         self.buffer = None
         self.received = None
 

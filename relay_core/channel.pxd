@@ -132,12 +132,13 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     cdef int window
     cdef SequenceBuffer slots           # None until something is held out of order
     cdef list held                      # bytes (complete) or PartialMessage per slot
-    cdef Py_ssize_t* charged            # bytes of a complete held message charged to budget
+    cdef Py_ssize_t* charged            # what a complete held message costs, charged to budget
+    cdef Py_ssize_t storage_charged     # what slots, held and charged cost, charged to budget
     cdef uint16_t next_expected
     cdef MemoryBudget budget
     cdef Py_ssize_t max_message_size
 
-    cdef void resize(self, int capacity) except *
+    cdef int resize(self, int capacity, bint exempt) except -2
     cdef void _deliver(self, list out)
 
 

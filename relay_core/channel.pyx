@@ -22,11 +22,14 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
-from relay_core.fragment cimport PartialMessage, MemoryBudget, split_message
+from relay_core.fragment cimport (
+    ADMIT_OK, PIECE_OVERHEAD, STORAGE_OVERHEAD, STORAGE_SLOT, MemoryBudget, PartialMessage, refusal,
+    split_message,
+)
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.wire cimport (
     Record, RK_MESSAGE, RK_FRAGMENT, MESSAGE_RECORD_OVERHEAD, FRAGMENT_RECORD_OVERHEAD,
-    DROP_BAD_FRAGMENT, DROP_MESSAGE_OUT_OF_WINDOW, DROP_REASSEMBLY_FULL, seq_diff, seq_greater, varint_size,
+    DROP_BAD_FRAGMENT, DROP_MESSAGE_OUT_OF_WINDOW, seq_diff, seq_greater, varint_size,
     write_message_record, write_fragment_record,
 )
 
@@ -539,9 +542,14 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
     def storage_slots(self):
         return 0 if self.slots is None else self.slots.size
 
-    cdef void resize(self, int capacity) except *:
+    cdef int resize(self, int capacity, bint exempt) except -2:
         """Storage for ``capacity`` ids (a power of two) past next_expected; what is held moves
-        to its slot in the new ring."""
+        to its slot in the new ring. The storage is charged to the budget: 0, or
+        -(DropReason + 1) when the budget cannot take it (nothing changes then)."""
+        cdef Py_ssize_t cost = STORAGE_OVERHEAD + STORAGE_SLOT * capacity
+        cdef int admitted = self.budget.admit(cost - self.storage_charged, exempt)
+        if admitted != ADMIT_OK:
+            return refusal(admitted)
         cdef SequenceBuffer slots = SequenceBuffer(capacity)
         cdef list held = [None] * capacity
         cdef Py_ssize_t* charged = <Py_ssize_t*>PyMem_Malloc(capacity * sizeof(Py_ssize_t))
@@ -562,12 +570,17 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
         self.slots = slots
         self.held = held
         self.charged = charged
+        self.budget.charge(cost - self.storage_charged)
+        self.storage_charged = cost
+        return 0
 
     cdef int on_record(self, Record* r, bytes datagram, list out):
         cdef int distance = seq_diff(r.msg_id, self.next_expected)
-        cdef int slot, status, capacity
+        cdef int slot, status, capacity, admitted
+        cdef Py_ssize_t cost
         cdef object entry
         cdef PartialMessage partial
+        cdef bytes whole
         cdef bint exempt = distance == 0     # the message delivery waits for: never refused
         if distance < 0:
             self.duplicates += 1
@@ -584,7 +597,9 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             capacity = INITIAL_RECEIVE_SLOTS if self.slots is None else self.slots.size
             while capacity <= distance:
                 capacity *= 2
-            self.resize(min(capacity, self.window))
+            status = self.resize(min(capacity, self.window), exempt)
+            if status < 0:
+                return status
         slot = self.slots.slot(r.msg_id)
         if self.slots.contains(r.msg_id):
             entry = self.held[slot]
@@ -607,12 +622,14 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
                 self.delivered += 1
                 self._deliver(out)
                 return 0
-            if not self.budget.fits(r.payload_length):
-                return -(DROP_REASSEMBLY_FULL + 1)
+            cost = r.payload_length + PIECE_OVERHEAD
+            admitted = self.budget.admit(cost, False)
+            if admitted != ADMIT_OK:
+                return refusal(admitted)
             self.slots.insert(r.msg_id)
             self.held[slot] = record_payload(r, datagram)
-            self.charged[slot] = r.payload_length
-            self.budget.used += r.payload_length
+            self.charged[slot] = cost
+            self.budget.charge(cost)
             return 0
         status = partial.add(r.fragment_index, record_payload(r, datagram), self.budget,
                              self.max_message_size, exempt)
@@ -622,8 +639,13 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
                 self.held[slot] = None
             return status
         if partial.received == partial.fragment_count:
-            self.charged[slot] = partial.size
-            self.held[slot] = partial.assemble()
+            # One bytes object replaces the fragments: charge what it costs, return the rest.
+            whole = partial.assemble()
+            cost = len(whole) + PIECE_OVERHEAD
+            self.budget.credit(partial.charged - cost)
+            partial.charged = 0
+            self.charged[slot] = cost
+            self.held[slot] = whole
             self._deliver(out)
         return 0
 
@@ -638,7 +660,7 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             if type(entry) is not bytes:
                 return
             out.append(entry)
-            self.budget.used -= self.charged[slot]
+            self.budget.credit(self.charged[slot])
             self.charged[slot] = 0
             self.held[slot] = None
             self.slots.remove(self.next_expected)
@@ -646,7 +668,8 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             self.delivered += 1
 
     def release(self):
-        """Return the memory this window holds to the budget (the peer is going away)."""
+        """Return the memory this window holds to the budget (the peer is going away); the
+        storage goes too. Calling it again does nothing."""
         cdef int slot
         if self.slots is None:
             return
@@ -654,9 +677,14 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             entry = self.held[slot]
             if isinstance(entry, PartialMessage):
                 (<PartialMessage>entry).release(self.budget)
-            self.budget.used -= self.charged[slot]
+            self.budget.credit(self.charged[slot])
             self.charged[slot] = 0
-        self.held = [None] * self.slots.size
+        self.budget.credit(self.storage_charged)
+        self.storage_charged = 0
+        PyMem_Free(self.charged)
+        self.charged = NULL
+        self.slots = None
+        self.held = None
 
 
 cdef class SequencedReceiveChannel(ReceiveChannel):

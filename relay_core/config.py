@@ -87,7 +87,11 @@ class EndpointConfig:
     max_fragments_in_flight: int = 1024
     """Unacked fragments per channel; further large messages wait."""
     reassembly_limit: int = 1024 * 1024
-    """Bytes a peer may hold in partly received fragmented messages."""
+    """Bytes a peer may hold in its reliable receive windows: partly received fragmented
+    messages and messages waiting for an earlier one, with their bookkeeping (about 64 bytes
+    per fragment or message held, plus 8 per fragment of a partial message). The message
+    delivery waits for on each channel may go beyond it (up to max_message_size), never beyond
+    receive_memory_limit."""
 
     block_slice_size: Optional[int] = None
     """Bytes per block slice; None: 1024, or less if the mtu leaves less room."""
@@ -97,6 +101,10 @@ class EndpointConfig:
     max_queued_blocks: int = 8
     block_memory_limit: int = 64 * 1024 * 1024
     """Bytes of block receive buffers across all peers; a block that would pass it waits."""
+    receive_memory_limit: int = 256 * 1024 * 1024
+    """Bytes held for all peers together before delivery: everything reassembly_limit and
+    block_memory_limit count, with its bookkeeping. A record that would pass it is refused
+    (receive_memory_full) and sent again later; what a peer holds is returned when it leaves."""
 
     send_rate: float = 2_000_000.0
     """Per-peer pacing budget, bytes/s. Redundant copies and block slices wait when it is spent;
@@ -188,6 +196,8 @@ class EndpointConfig:
             raise bad("max_fragments_in_flight", "at least 255 (one largest message)")
         if self.reassembly_limit < self.max_message_size:
             raise bad("reassembly_limit", f"at least max_message_size={self.max_message_size}")
+        if self.receive_memory_limit < max(self.reassembly_limit, self.max_block_size):
+            raise bad("receive_memory_limit", "at least reassembly_limit and max_block_size")
         largest_slice = self.mtu - DATA_HEADER_BYTES - SLICE_OVERHEAD_BYTES
         if self.block_slice_size is not None and not 64 <= self.block_slice_size <= largest_slice:
             raise bad("block_slice_size", f"64..{largest_slice} at this mtu")

@@ -41,7 +41,8 @@ cdef class Endpoint:
     cdef bint accept_connections
     cdef int max_peers
     cdef uint16_t ack_delay_ms          # announced in the handshake; the peer's RTO allows for it
-    cdef MemoryBudget block_budget      # block receive buffers of all peers together
+    cdef MemoryBudget receive_budget    # everything held for all peers before delivery
+    cdef MemoryBudget block_budget      # block receive buffers of all peers together (a child)
     cdef tuple size_limits              # per channel: (largest payload, what to suggest)
     cdef tuple unreliable_channels      # per channel: True when its limit is one datagram
 

@@ -100,7 +100,10 @@ cdef class Endpoint:
         self.cookie_lifetime_ms = <uint32_t>(self.config.cookie_lifetime * 1000.0)
         self.accept_connections = self.config.accept_connections
         self.max_peers = self.config.max_peers
-        self.block_budget = MemoryBudget(self.config.block_memory_limit)
+        # Everything peers make us hold before delivery, all peers together; every peer's
+        # reassembly budget and the block budget are its children (a charge counts in both).
+        self.receive_budget = MemoryBudget(self.config.receive_memory_limit)
+        self.block_budget = MemoryBudget(self.config.block_memory_limit, self.receive_budget)
         self.ack_delay_ms = <uint16_t>min(65535, round(self.config.ack_delay * 1000.0))
         self.size_limits = tuple(
             (self.config.max_whole_message, "exceeds one datagram")
@@ -535,6 +538,14 @@ cdef class Endpoint:
     @property
     def peer_count(self):
         return len(self.peers)
+
+    @property
+    def receive_memory(self):
+        """Bytes held for peers before delivery (fragments, out-of-order messages, block
+        buffers, with their bookkeeping) against ``receive_memory_limit``; ``blocks`` is the
+        block bytes among them, against ``block_memory_limit``."""
+        return {"used": self.receive_budget.used, "limit": self.receive_budget.limit,
+                "blocks": self.block_budget.used, "blocks_limit": self.block_budget.limit}
 
     @property
     def drops(self):

@@ -147,7 +147,9 @@ cdef class Peer:
 
         # The handshake replaces this with the ack delay the peer announces.
         self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
-        self.reassembly = MemoryBudget(config.reassembly_limit)
+        # Everything this peer holds counts against its own cap and, through the parent,
+        # against the endpoint's receive budget (the block budget's parent).
+        self.reassembly = MemoryBudget(config.reassembly_limit, block_budget.parent)
         self.send_channels = []
         self.redundant_channels = []
         self.recv_channels = []

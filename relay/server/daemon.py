@@ -361,11 +361,14 @@ class RelayServer:
     def _sync_stats(self) -> None:
         metrics = self.metrics
         metrics.peers.set(self.endpoint.peer_count)
+        memory = self.endpoint.receive_memory
+        metrics.receive_memory.labels("used").set(memory["used"])
+        metrics.receive_memory.labels("limit").set(memory["limit"])
         counts = self.lobby.room_counts()
         metrics.set_rooms(counts)
         self.agones.set_counts(counts[RUNNING], self.lobby.players_connected())
         drops = self.endpoint.drops
-        for reason in ("reassembly_full", "rate_limited", "auth_failed"):
+        for reason in ("reassembly_full", "receive_memory_full", "rate_limited", "auth_failed"):
             grew = drops.get(reason, 0) - self._seen_drops.get(reason, 0)
             if grew > 0:
                 self.limit_log("datagrams_dropped", reason, count=grew)

@@ -78,6 +78,7 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         max_block_size=protocol.MAX_BLOCK_SIZE,
         reassembly_limit=server.reassembly_limit,
         block_memory_limit=server.block_memory_limit,
+        receive_memory_limit=server.receive_memory_limit,
         # Token mode: every connection needs a connect token (docs/SECURITY.md).
         token_keys=security.load_keys() if config.security_mode == "token" else None,
         encrypt_packets=security.encrypt_packets,

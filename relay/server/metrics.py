@@ -83,6 +83,10 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
     ("rtt", Histogram, "relay_peer_rtt_seconds",
      "Smoothed round-trip time of each peer, sampled periodically.", (), (),
      {"buckets": RTT_BUCKETS}),
+    ("receive_memory", Gauge, "relay_receive_memory_bytes",
+     "Bytes held for peers before delivery (partial and out-of-order messages with their "
+     "bookkeeping, block buffers): used, and the limit (server.receive_memory_limit).",
+     ("kind",), ("used", "limit"), {}),
     ("loss", Gauge, "relay_peer_loss_ratio", "Mean estimated packet loss over connected peers.",
      (), (), {}),
     ("drops", Counter, "relay_dropped_datagrams_total",
@@ -149,6 +153,7 @@ class Metrics:
     resends: Counter
     redundant_bytes: Counter
     rtt: Histogram
+    receive_memory: Gauge
     loss: Gauge
     drops: Counter
     desyncs: Counter

@@ -59,6 +59,8 @@ RANGES = [
     ("server.reassembly_limit", 2**32, 2**32 + 1, {}),
     ("server.block_memory_limit", 32 * 1024 * 1024, 32 * 1024 * 1024 - 1, {}),
     ("server.block_memory_limit", 2**40, 2**40 + 1, {}),
+    ("server.receive_memory_limit", 32 * 1024 * 1024, 32 * 1024 * 1024 - 1, {}),
+    ("server.receive_memory_limit", 2**40, 2**40 + 1, {}),
     ("rooms.max_rooms", 1, 0, {}),
     ("rooms.max_rooms", 1_000_000, 1_000_001, {}),
     ("rooms.capacity", 1, 0, {"rooms.start_players": 1}),
