@@ -52,8 +52,9 @@ reads both versions.
 Sync points and crashes. The writer makes a zlib ``Z_SYNC_FLUSH`` after the header, after
 every ``sync_every`` frames, when a frame is appended and the oldest data not yet flushed would
 be older than ``flush_interval`` by the next frame, after each event and on ``flush()``. A
-sync flush ends the current DEFLATE block and appends an empty stored block (the bytes 00 00 FF FF after byte alignment), so all
-data before that point can be decompressed without anything that follows. ``close()`` writes the
+sync flush ends the current DEFLATE block and appends an empty stored block (the bytes
+00 00 FF FF after byte alignment), so all data before that point can be decompressed without
+anything that follows. ``close()`` writes the
 end record and finishes the stream (``Z_FINISH``: final block plus the Adler-32). A file whose
 writer crashed (or is still running) therefore ends somewhere after a sync point: inflate what is
 there, decode complete records, and drop the incomplete record at the tail; there is no end
