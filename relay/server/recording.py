@@ -6,7 +6,7 @@ ends. The file format is relay.replay's; this module only decides which files ex
 disk ends a recording, never the match.
 
 File names: ``<room>-<UTC start, ms>-<hash>.replay``, e.g.
-``m_X-20261126T140233.123Z-5f3a9c21.replay``: the room id with every character but
+``m_X-20261126T142233.123Z-55afcb6d.replay``: the room id with every character but
 ``A-Za-z0-9_.-`` replaced by ``_`` (cut to SLUG_LENGTH), then the first 8 hex digits of the
 BLAKE2b hash of the exact room id, so rooms the slug confuses (``m/X``, ``m_X``) get different
 files. A file is created exclusively: an existing one is never overwritten (``-2``, ``-3``, ...

@@ -5,6 +5,7 @@ Loopback only, bounded: at most ATTACK_CONNECTIONS sockets, each test a few seco
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from relay.client import RelayClient
@@ -172,6 +173,10 @@ def test_slowloris_beyond_the_fd_limit_leaves_health_answering_and_new_matches_r
                 assert status == 200, body
                 await asyncio.sleep(0.1)
             assert max(latencies) < 1.0, latencies
+            descriptors = len(os.listdir(f"/proc/{relay.process.pid}/fd"))
+            print(f"\n{len(attack)} half-open connections, RLIMIT_NOFILE {NOFILE}: /health "
+                  f"{len(latencies)}/{len(latencies)} answered, slowest "
+                  f"{max(latencies) * 1000:.1f} ms; the relay holds {descriptors} descriptors")
             # More attack connections while a match is played: it is recorded all the same.
             attack += await open_partial(relay.http_port, ATTACK_CONNECTIONS // 2)
             clients = [await RelayClient.connect("127.0.0.1", relay.udp_port, "during-attack",
