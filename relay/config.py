@@ -88,6 +88,16 @@ class ServerSettings:
     """Bytes held for all peers together before delivery: partly received and out-of-order
     messages with their bookkeeping, and block buffers (more is dropped, counted as
     receive_memory_full, and sent again by the client later)."""
+    # -- HTTP connection limits (docs/SECURITY.md, "HTTP connections") --
+    http_max_connections: int = 256
+    """Open HTTP connections at most (probes, scrapes, admin calls need a handful). Also kept
+    below the file descriptor limit less its reserve for UDP and replay files; past either, a
+    new connection closes the oldest one still waiting for a request head."""
+    http_header_timeout: float = 10.0
+    """An HTTP connection must send a complete request head (request line and headers) within
+    this long of opening or of its previous response, however slowly it trickles, seconds."""
+    http_body_timeout: float = 10.0
+    """A request body (at most 64 KiB) must arrive within this long, seconds (else 408)."""
 
     def validate(self) -> None:
         _check_host("server.udp_host", self.udp_host)
@@ -111,6 +121,9 @@ class ServerSettings:
         # Room for one largest block (32 MiB, protocol.MAX_BLOCK_SIZE); the core also wants it
         # at least reassembly_limit.
         _check_range("server.receive_memory_limit", self.receive_memory_limit, 32 * 1024 * 1024, 2**40)
+        _check_range("server.http_max_connections", self.http_max_connections, 1, 1_000_000)
+        _check_range("server.http_header_timeout", self.http_header_timeout, 0.1, 3600.0)
+        _check_range("server.http_body_timeout", self.http_body_timeout, 0.1, 3600.0)
 
 
 @dataclass
@@ -223,6 +236,18 @@ class ReplaySettings:
     """Total size of the *.replay files in the directory: past it the oldest finished replays
     are deleted; if the replays still being written alone exceed it, the newest of them is
     closed and no new one starts until there is room (each counted and logged). 0: no cap."""
+    # -- durability (docs/OPERATIONS.md, "Replay durability") --
+    flush_interval: float = 0.1
+    """Longest a frame stays in the writer's buffers, seconds: every tick hands what is older
+    to the kernel, so a relay killed (kill -9, OOM, crash) loses at most this much of a match."""
+    fsync: str = "interval"
+    """When replay data is forced to the disk, against power loss and kernel crashes (a killed
+    process loses nothing the kernel has): interval = every fsync_interval, in a background
+    thread (the tick never waits for the disk); always = at every flush, on the tick (each
+    waits for the disk: a few rooms on a fast disk only); never = when the kernel writes back
+    (about 30 s on Linux defaults)."""
+    fsync_interval: float = 1.0
+    """Seconds between fsyncs of a replay being written, with fsync = "interval"."""
 
     def validate(self) -> None:
         if not self.directory:
@@ -230,6 +255,12 @@ class ReplaySettings:
         _check_range("replay.max_bytes", self.max_bytes, 1024, 2**40)
         if self.max_disk_bytes:
             _check_range("replay.max_disk_bytes", self.max_disk_bytes, self.max_bytes, 2**50)
+        _check_range("replay.flush_interval", self.flush_interval, 0.0, 60.0)
+        _check_choice("replay.fsync", self.fsync, REPLAY_FSYNC_POLICIES)
+        _check_range("replay.fsync_interval", self.fsync_interval, 0.01, 3600.0)
+
+
+REPLAY_FSYNC_POLICIES = ("never", "interval", "always")
 
 
 SECURITY_MODES = ("auto", "open", "token")

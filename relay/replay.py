@@ -49,10 +49,12 @@ Version 1 differs only in its magic (``RLREPLAY1``), header version 1, frame dat
 msgpack FRAME layout ``[30, number, inputs, events]``, and no checksum records; this module
 reads both versions.
 
-Sync points and crashes. The writer makes a zlib ``Z_SYNC_FLUSH`` after the header, after every
-``sync_every`` frames, after each event and on ``flush()``. A sync flush ends the current DEFLATE
-block and appends an empty stored block (the bytes 00 00 FF FF after byte alignment), so all
-data before that point can be decompressed without anything that follows. ``close()`` writes the
+Sync points and crashes. The writer makes a zlib ``Z_SYNC_FLUSH`` after the header, after
+every ``sync_every`` frames, when a frame is appended and the oldest data not yet flushed would
+be older than ``flush_interval`` by the next frame, after each event and on ``flush()``. A
+sync flush ends the current DEFLATE block and appends an empty stored block (the bytes
+00 00 FF FF after byte alignment), so all data before that point can be decompressed without
+anything that follows. ``close()`` writes the
 end record and finishes the stream (``Z_FINISH``: final block plus the Adler-32). A file whose
 writer crashed (or is still running) therefore ends somewhere after a sync point: inflate what is
 there, decode complete records, and drop the incomplete record at the tail; there is no end
@@ -76,6 +78,7 @@ import sys
 import time
 import zlib
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Generator, Iterator, Optional
@@ -123,19 +126,56 @@ def _clip_reason(reason: str) -> str:
 
 # -- writing ----------------------------------------------------------------------------------
 
+FSYNC_POLICIES = ("never", "interval", "always")
+
+_fsync_pool: Optional[ThreadPoolExecutor] = None
+
+
+def _background_fsync(fd: int) -> Future:
+    """fsync a duplicate of ``fd`` in the replay fsync thread and close it: the writer may
+    close its own descriptor meanwhile (never fsyncing a reused number). OSError if the
+    descriptor cannot be duplicated."""
+    global _fsync_pool
+    if _fsync_pool is None:
+        _fsync_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-fsync")
+    duplicate = os.dup(fd)
+
+    def sync() -> None:
+        try:
+            os.fsync(duplicate)
+        finally:
+            os.close(duplicate)
+
+    try:
+        return _fsync_pool.submit(sync)
+    except BaseException:
+        os.close(duplicate)
+        raise
+
+
 class ReplayWriter:
     """Appends one match to a new replay file (see the module docstring for the format).
 
     The file is created exclusively: an existing file is never overwritten (FileExistsError).
     Not thread-safe; calls are cheap (one msgpack pack and one zlib compress per record) except
-    the periodic sync flush, which also flushes the file object to the OS (no fsync).
+    the periodic sync flush, which also writes to the OS.
+
+    Durability: with ``flush_interval`` (seconds), appending a frame flushes when the oldest
+    data not yet flushed would be older than that by the next frame (at ``tick_rate``), so a
+    killed process loses at most ``flush_interval`` of the match (the kernel keeps what was
+    written). ``fsync`` says when the data is forced to disk (power loss, kernel crash):
+    "never"; "always" = at every flush and at close, in the calling thread (it waits for the
+    disk); "interval" = at most every ``fsync_interval`` seconds and at close, in a background
+    thread (nobody waits; a failure is counted in ``fsync_errors``).
 
     Usable as a context manager: leaving the block closes the writer with reason "ended", or
     "error" if an exception is propagating.
     """
 
     def __init__(self, path, *, room: str, tick_rate: int, players: list[Optional[str]],
-                 relay_version: str, sync_every: int = 30, max_bytes: Optional[int] = None):
+                 relay_version: str, sync_every: int = 30, max_bytes: Optional[int] = None,
+                 flush_interval: Optional[float] = None, fsync: str = "never",
+                 fsync_interval: float = 1.0, clock=time.monotonic):
         if not isinstance(room, str):
             raise TypeError("room must be a string")
         if not isinstance(tick_rate, int) or isinstance(tick_rate, bool) or tick_rate < 1:
@@ -150,8 +190,27 @@ class ReplayWriter:
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
             raise ValueError(f"max_bytes must be a positive integer or None, not {max_bytes!r}")
 
+        if flush_interval is not None and not flush_interval >= 0:
+            raise ValueError(f"flush_interval must be >= 0 or None, not {flush_interval!r}")
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+
         self.path = os.fspath(path)
         self.sync_every = sync_every
+        self.flush_interval = flush_interval
+        self.fsync = fsync
+        self.fsync_interval = fsync_interval
+        self._clock = clock
+        # Flush when the oldest unflushed data is this old: waiting for the next frame would be
+        # too late (with half a tick to spare for a tick that runs late).
+        self._flush_age = None if flush_interval is None else flush_interval - 1.5 / tick_rate
+        self._unflushed_since: Optional[float] = None
+        self._last_fsync = clock()
+        self._fsync_pending: Optional[Future] = None
+        self.fsyncs = 0
+        """fsyncs made or handed to the background thread."""
+        self.fsync_errors = 0
+        """fsyncs that failed (in the background thread: counted here, nothing raised)."""
         self.max_bytes = max_bytes
         self.header = {"t": "header", "version": FORMAT_VERSION, "room": room,
                        "tick_rate": tick_rate, "started_at": time.time(), "players": players,
@@ -233,7 +292,9 @@ class ReplayWriter:
         self._next += 1
         self._frames += 1
         self._since_sync += 1
-        if self._since_sync >= self.sync_every:
+        if self._since_sync >= self.sync_every or (
+                self._flush_age is not None and self._unflushed_since is not None
+                and self._clock() - self._unflushed_since >= self._flush_age):
             self.flush()
 
     def append_event(self, frame: int, kind: str, detail: dict) -> None:
@@ -276,19 +337,51 @@ class ReplayWriter:
 
     def flush(self) -> None:
         """Make everything appended so far readable from the file: a zlib sync flush and a flush
-        of the file object (to the OS; no fsync). Done automatically every ``sync_every``
-        frames. A no-op once closed."""
+        of the file object to the OS, then an fsync as the ``fsync`` policy says. Done
+        automatically every ``sync_every`` frames and by ``flush_interval``. A no-op once
+        closed."""
         if self._closed:
             return
         if self._pending_raw:
             self._emit(self._compressor.flush(zlib.Z_SYNC_FLUSH))
         self._pending_raw = 0
         self._since_sync = 0
+        self._unflushed_since = None
         try:
             self._file.flush()
+            if self.fsync == "always":
+                self._sync_now()
         except OSError:
             self._fail()
             raise
+        if self.fsync == "interval" and self._clock() - self._last_fsync >= self.fsync_interval:
+            self._sync_in_background()
+
+    def _sync_now(self) -> None:
+        self.fsyncs += 1
+        try:
+            os.fsync(self._file.fileno())
+        except OSError:
+            self.fsync_errors += 1
+            raise
+
+    def _sync_in_background(self) -> None:
+        pending = self._fsync_pending
+        if pending is not None and not pending.done():
+            return                      # a slow disk: one fsync in flight per file is enough
+        self._last_fsync = self._clock()
+        try:
+            future = _background_fsync(self._file.fileno())
+        except (OSError, RuntimeError):     # no descriptor to spare, interpreter shutting down
+            self.fsync_errors += 1
+            return
+        self.fsyncs += 1
+        self._fsync_pending = future
+        future.add_done_callback(self._fsync_done)
+
+    def _fsync_done(self, future: Future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self.fsync_errors += 1
 
     def close(self, reason: str = "ended") -> None:
         """Write the end record, finish the zlib stream and close the file. Idempotent: later
@@ -302,6 +395,13 @@ class ReplayWriter:
                               "ended_at": time.time()}))
             self._emit(self._compressor.flush(zlib.Z_FINISH))
             self._pending_raw = 0
+            if self.fsync != "never" and not self._file.closed:
+                self._file.flush()
+                if self.fsync == "always":
+                    self._sync_now()
+                else:
+                    self._fsync_pending = None      # the last one is never skipped
+                    self._sync_in_background()
         finally:
             self._file.close()      # a no-op if a failed write closed it already
 
@@ -349,6 +449,8 @@ class ReplayWriter:
             pass
 
     def _feed(self, record: bytes) -> None:
+        if self._unflushed_since is None:
+            self._unflushed_since = self._clock()
         self._pending_raw += len(record)
         self._emit(self._compressor.compress(record))
 

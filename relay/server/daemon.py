@@ -116,10 +116,21 @@ class RelayServer:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from relay.server.http import start_http
+        from relay.server.http import fd_budget, raise_fd_limit, start_http
 
         self.loop = asyncio.get_running_loop()
         server = self.config.server
+        # File descriptors: the soft limit up to the hard one; HTTP may use all but a reserve,
+        # which must hold the replay files of the matches recorded at once (relay.server.http).
+        before, soft = raise_fd_limit()
+        limit, reserve = fd_budget()
+        replays = self.config.rooms.max_rooms if self.config.replay.enabled else 0
+        if replays + 32 > reserve:
+            self.log.warning("fd_reserve_small", fd_limit=limit, reserve=reserve,
+                             max_rooms=self.config.rooms.max_rooms,
+                             detail="more matches than the reserve holds may go unrecorded; "
+                                    "raise RLIMIT_NOFILE (LimitNOFILE, "
+                                    "ulimit -n) to at least 4 x (rooms.max_rooms + 32)")
         # Batched syscalls (recvmmsg/sendmmsg) where the platform has them, read at most every
         # READ_INTERVAL (the tick reads what waits before closing frames). Datagrams and bytes
         # are counted by the driver and published with every tick.
@@ -144,7 +155,10 @@ class RelayServer:
             self._http_runner, self.http_port = await start_http(
                 self, self.metrics, server.http_host, server.http_port,
                 admin_token=self.config.security.load_admin_token(),
-                require_auth=not is_loopback(server.http_host))
+                require_auth=not is_loopback(server.http_host),
+                max_connections=server.http_max_connections,
+                header_timeout=server.http_header_timeout, body_timeout=server.http_body_timeout,
+                limit_log=self.limit_log)
         except BaseException as error:
             # A half-started relay must not keep the UDP port (nor take datagrams nobody serves).
             driver.close()
@@ -176,7 +190,8 @@ class RelayServer:
         self.log.info("started", udp=f"{self.udp_address[0]}:{self.udp_address[1]}",
                       http=f"{server.http_host}:{self.http_port}", tick_rate=self.tick_rate,
                       auto_create=self.config.rooms.auto_create, replays=self.config.replay.enabled,
-                      security=self.security_mode, version=relay.__version__)
+                      security=self.security_mode, version=relay.__version__,
+                      fd_limit=soft, fd_limit_was=before)
 
     async def stop(self, reason: str = "shutdown") -> None:
         """Stop taking work, end every room (clients are told why), flush replays, close."""
@@ -348,8 +363,10 @@ class RelayServer:
             await asyncio.sleep(1.0)
             try:
                 self.every_second(self._now())
-            except Exception:        # never let metrics kill the server
-                self.log.exception("stats_failed")
+            except Exception as error:        # never let metrics kill the server
+                # Once per interval and kind with a count: a lasting fault (EMFILE, a full
+                # disk) must not write a line every second.
+                self.limit_log("stats_failed", type(error).__name__, error=repr(error))
 
     def every_second(self, now: float) -> None:
         """Connections idle in no room closed, metrics and the replay disk budget brought up

@@ -22,6 +22,15 @@ Routes::
 The server's methods are synchronous and run on the event loop thread, like the rest of the
 relay; they must not block.
 
+Connections (``HttpGuard``): a connection must deliver a complete request head (request line
+and headers) within ``server.http_header_timeout`` of opening or of its previous response, and a
+request body within ``server.http_body_timeout`` (408); at most ``server.http_max_connections``
+are open, and never so many that the process's file descriptors run into the reserve kept for
+the UDP socket and replay files (``fd_budget``). A connection over those limits closes the
+oldest connection that is waiting for a request head, or is refused (closed at once) when every
+connection is busy in a handler. Closed and refused connections are counted in the log, one
+line per kind and interval.
+
 Authentication: when the listener is not loopback-only, or an admin token is configured, every
 route except /health, /ready and /metrics needs ``Authorization: Bearer <admin token>``:
 401 (with ``WWW-Authenticate: Bearer``) when the header is missing or malformed, 403 when the
@@ -29,11 +38,13 @@ token is wrong.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import resource
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn, Optional, cast
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -58,6 +69,7 @@ SERVER_KEY = web.AppKey("server", object)
 # Typed by annotation: their classes are defined below (AdminAuth) or imported only for typing.
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics")
 AUTH_KEY: web.AppKey[AdminAuth] = web.AppKey("auth")
+GUARD_KEY: web.AppKey[HttpGuard] = web.AppKey("guard")
 
 AUTH_LOG_INTERVAL = 10.0
 """Seconds between log lines about refused admin requests (each one is counted)."""
@@ -70,6 +82,252 @@ class BadRequest(RelayError):
 
     status = 400
     code = "bad_request"
+
+
+class RequestTimeout(RelayError):
+    """A request body that did not arrive within the body timeout."""
+
+    status = 408
+    code = "request_timeout"
+
+
+# -- connection guard --------------------------------------------------------------------------
+
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 10.0
+
+LINGER_TIME = 2.0
+"""Longest a connection whose body was not read whole is drained before it closes, seconds."""
+
+FD_RESERVE_MIN = 64
+FD_RESERVE_FRACTION = 4
+"""The HTTP side leaves max(FD_RESERVE_MIN, limit // FD_RESERVE_FRACTION) of the process's file
+descriptors (soft RLIMIT_NOFILE) to everything else: the UDP socket, replay files being written,
+log files, the Agones client."""
+
+FD_LIMIT_TARGET = 65536
+"""``raise_fd_limit`` raises the soft RLIMIT_NOFILE up to the hard limit, at most this."""
+
+
+def fd_budget(limit: Optional[int] = None) -> tuple[int, int]:
+    """(the soft RLIMIT_NOFILE, the descriptors reserved from it for all but HTTP)."""
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY or limit > 2**31:
+        limit = 2**31
+    return limit, max(FD_RESERVE_MIN, limit // FD_RESERVE_FRACTION)
+
+
+def raise_fd_limit(target: int = FD_LIMIT_TARGET) -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE towards the hard limit (at most ``target``), as servers do:
+    container runtimes and systemd often start processes at a soft 1024 under a far higher hard
+    limit. Returns (soft limit before, soft limit now); never lowers it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = target if hard == resource.RLIM_INFINITY else min(hard, target)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (OSError, ValueError):
+            return soft, soft
+        return soft, wanted
+    return soft, soft
+
+
+def _default_limit_log() -> Callable[..., None]:
+    from relay.logs import get_logger
+    from relay.server.daemon import LimitLog
+
+    return LimitLog(get_logger("relay.server.http"))
+
+
+class _GuardedConnection(asyncio.Protocol):
+    """One accepted HTTP connection: aiohttp's request handler behind the guard, which admits
+    or refuses it when it is accepted and closes it when a request head is late."""
+
+    __slots__ = ("guard", "handler", "transport", "admitted", "busy", "timer")
+
+    def __init__(self, guard: HttpGuard, handler: asyncio.Protocol):
+        self.guard = guard
+        self.handler = handler
+        self.transport: Optional[asyncio.Transport] = None
+        self.admitted = False
+        self.busy = 0
+        """Requests of this connection inside a handler (their heads are complete)."""
+        self.timer: Optional[asyncio.TimerHandle] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)    # uvloop's is no subclass of it
+        if self.guard.admit(self):
+            self.admitted = True
+            self.handler.connection_made(transport)
+        else:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.admitted:
+            self.handler.data_received(data)
+
+    def eof_received(self) -> Optional[bool]:
+        return self.handler.eof_received() if self.admitted else None
+
+    def pause_writing(self) -> None:
+        if self.admitted:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.admitted:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.guard.release(self)
+        if self.admitted:
+            self.admitted = False
+            self.handler.connection_lost(exc)
+
+
+class HttpGuard:
+    """What keeps the HTTP side from being starved (slowloris and the like):
+
+    - a request head (request line and headers) must be complete within ``header_timeout`` of
+      the connection opening or of its previous response (the handler finishing), else the
+      connection is closed: total time, however slowly the bytes trickle in;
+    - a request body must arrive within ``body_timeout`` (408 request_timeout);
+    - at most ``max_connections`` connections, and none whose descriptor would take one of the
+      reserved descriptors (``fd_budget``). A connection over either limit closes the oldest
+      connection that waits for a request head (keep-alive idle or incomplete), so probes get
+      through however many idle connections an attacker holds; when every connection is inside
+      a handler, the new one is refused (closed at once).
+
+    Accepting continues under attack (refused connections are closed, not left in the kernel's
+    accept queue, where they would keep probes from being accepted). Closes and refusals are
+    counted in ``counts`` and logged through ``limit_log`` (one line per kind and interval).
+    """
+
+    def __init__(self, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT, fd_limit: Optional[int] = None,
+                 limit_log: Optional[Callable[..., None]] = None):
+        self.fd_limit, self.fd_reserve = fd_budget(fd_limit)
+        self.fd_ceiling = self.fd_limit - self.fd_reserve
+        """A new connection whose descriptor number is at or above this digs into the reserve
+        (descriptors are allocated lowest first: descriptor n means n others are open)."""
+        self.max_connections = max(1, min(max_connections, self.fd_ceiling))
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self._limit_log = limit_log
+        self._open: dict[_GuardedConnection, None] = {}
+        """Admitted connections still open, oldest first."""
+        self._by_handler: dict[Any, _GuardedConnection] = {}
+        self.counts: dict[str, int] = {}
+        """Connections closed or refused, by reason (header_timeout, body_timeout,
+        connection_limit, fd_reserve, all_busy)."""
+
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
+    def protocol_factory(self, make_handler: Callable[[], Any]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _GuardedConnection(self, make_handler())
+
+    def _note(self, event: str, kind: str, **fields: Any) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self._limit_log is None:
+            self._limit_log = _default_limit_log()
+        self._limit_log(event, f"http_{kind}", **fields)
+
+    def admit(self, connection: _GuardedConnection) -> bool:
+        transport = connection.transport
+        assert transport is not None
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        if fd >= self.fd_ceiling or len(self._open) >= self.max_connections:
+            kind = "fd_reserve" if fd >= self.fd_ceiling else "connection_limit"
+            victim = next((open_ for open_ in self._open if not open_.busy), None)
+            if victim is None:
+                self._note("http_connection_refused", "all_busy", connections=len(self._open),
+                           limit=self.max_connections)
+                return False
+            self._note("http_connection_closed", kind, connections=len(self._open),
+                       limit=self.max_connections, fd=fd, fd_limit=self.fd_limit,
+                       detail="closed the oldest connection waiting for a request head")
+            self._close(victim)
+        self._open[connection] = None
+        self._by_handler[connection.handler] = connection
+        self._arm(connection)
+        return True
+
+    def release(self, connection: _GuardedConnection) -> None:
+        self._open.pop(connection, None)
+        self._by_handler.pop(connection.handler, None)
+        if connection.timer is not None:
+            connection.timer.cancel()
+            connection.timer = None
+
+    def _close(self, connection: _GuardedConnection) -> None:
+        self.release(connection)        # at once: the same victim is not picked twice
+        if connection.transport is not None:
+            connection.transport.abort()
+
+    def _arm(self, connection: _GuardedConnection) -> None:
+        if connection.timer is not None:
+            connection.timer.cancel()
+        loop = asyncio.get_running_loop()
+        connection.timer = loop.call_later(self.header_timeout, self._expire, connection)
+
+    def _expire(self, connection: _GuardedConnection) -> None:
+        connection.timer = None
+        if not connection.busy and connection in self._open:
+            self._note("http_connection_closed", "header_timeout",
+                       timeout_s=self.header_timeout,
+                       detail="no complete request head in time")
+            self._close(connection)
+
+    def request_started(self, request: web.BaseRequest) -> Optional[_GuardedConnection]:
+        """A request head is complete (its handler starts): the header clock stops."""
+        connection = self._by_handler.get(request.protocol)
+        if connection is not None:
+            connection.busy += 1
+            if connection.timer is not None:
+                connection.timer.cancel()
+                connection.timer = None
+        return connection
+
+    def request_finished(self, connection: Optional[_GuardedConnection]) -> None:
+        """The handler returned: the next request head is due within header_timeout."""
+        if connection is not None:
+            connection.busy -= 1
+            if not connection.busy and connection in self._open:
+                self._arm(connection)
+
+    def body_timed_out(self, request: web.BaseRequest) -> None:
+        self._note("http_request_refused", "body_timeout", timeout_s=self.body_timeout,
+                   method=request.method, path=request.path)
+
+
+class _GuardedSite(web.BaseSite):
+    """A TCP listener whose connections go through an HttpGuard (aiohttp's TCPSite otherwise)."""
+
+    __slots__ = ("_host", "_port", "_guard")
+
+    def __init__(self, runner: web.BaseRunner, host: Optional[str], port: int, guard: HttpGuard,
+                 *, backlog: int = 128):
+        super().__init__(runner, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._guard = guard
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host or '0.0.0.0'}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        make_handler = self._runner.server
+        assert make_handler is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._guard.protocol_factory(make_handler),
+                                                self._host, self._port, backlog=self._backlog)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -90,7 +348,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except RelayError as error:
-        return error_response(error.status, error.code, str(error))
+        response = error_response(error.status, error.code, str(error))
+        if error.status == 408:
+            response.force_close()      # no further request on this connection
+        return response
     except web.HTTPException as error:
         if error.status < 400:          # redirects and the like pass through unchanged
             raise
@@ -110,6 +371,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal", "internal server error")
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tell the connection guard when a request's handler runs: its head is complete, and the
+    next one is due within the header timeout of the handler's end."""
+    guard = request.app[GUARD_KEY]
+    connection = guard.request_started(request)
+    try:
+        return await handler(request)
+    finally:
+        guard.request_finished(connection)
 
 
 # -- authentication ----------------------------------------------------------------------------
@@ -180,7 +453,14 @@ def _reject_constant(name: str) -> Any:
 
 async def _json_body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
     """The request body as a JSON object; an empty body is ``{}`` when ``optional``."""
-    raw = await request.read()
+    guard = request.app[GUARD_KEY]
+    try:
+        async with asyncio.timeout(guard.body_timeout):
+            raw = await request.read()
+    except TimeoutError:
+        guard.body_timed_out(request)
+        raise RequestTimeout(f"the request body did not arrive within {guard.body_timeout:g} s") \
+            from None
     if not raw.strip():
         if optional:
             return {}
@@ -292,14 +572,16 @@ async def drain(request: web.Request) -> web.Response:
 # -- application -------------------------------------------------------------------------------
 
 def create_app(server: Any, metrics: Any, *, admin_token: str | None = None,
-               require_auth: bool = False) -> web.Application:
+               require_auth: bool = False, guard: Optional[HttpGuard] = None) -> web.Application:
     """The aiohttp application serving ``server`` (see the module docstring for the routes)
     and ``metrics.render()`` at ``/metrics``. Admin routes need ``admin_token`` when it is set
     or ``require_auth`` (a listener beyond loopback); ``require_auth`` without a token raises
-    ValueError."""
-    app = web.Application(middlewares=[error_middleware, auth_middleware],
+    ValueError. ``guard`` bounds connections and body reads (default: an HttpGuard with the
+    default limits, which only times bodies unless the app is served by ``start_http``)."""
+    app = web.Application(middlewares=[error_middleware, guard_middleware, auth_middleware],
                           client_max_size=MAX_BODY_SIZE)
     app[SERVER_KEY] = server
+    app[GUARD_KEY] = guard if guard is not None else HttpGuard()
     app[METRICS_KEY] = metrics
     app[AUTH_KEY] = AdminAuth(admin_token, require_auth, metrics)
     router = app.router
@@ -332,25 +614,39 @@ class AccessLog(AbstractAccessLogger):
 
 async def start_http(server: Any, metrics: Any, host: str | None, port: int,
                      *, shutdown_timeout: float = 5.0, admin_token: str | None = None,
-                     require_auth: bool | None = None) -> tuple[web.AppRunner, int]:
-    """Serve the app on ``host:port`` (port 0 picks a free one); returns the runner, for
-    ``stop_http``, and the port actually bound (of the first socket, if ``host`` resolves to
-    several addresses). ``require_auth`` defaults to "``host`` is not loopback-only"."""
+                     require_auth: bool | None = None,
+                     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+                     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                     limit_log: Optional[Callable[..., None]] = None) -> tuple[web.AppRunner, int]:
+    """Serve the app on ``host:port`` (port 0 picks a free one) behind an HttpGuard with these
+    limits; returns the runner, for ``stop_http``, and the port actually bound (of the first
+    socket, if ``host`` resolves to several addresses). ``require_auth`` defaults to "``host``
+    is not loopback-only"."""
     if require_auth is None:
         from relay.config import is_loopback
 
         require_auth = host is None or not is_loopback(host)
-    app = create_app(server, metrics, admin_token=admin_token, require_auth=require_auth)
-    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout, access_log_class=AccessLog)
+    guard = HttpGuard(max_connections=max_connections, header_timeout=header_timeout,
+                      body_timeout=body_timeout, limit_log=limit_log)
+    app = create_app(server, metrics, admin_token=admin_token, require_auth=require_auth,
+                     guard=guard)
+    # aiohttp's own keep-alive timer agrees with the guard's header clock; the unread rest of a
+    # body (a 408, a handler that reads none) is drained for at most LINGER_TIME before closing.
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout, access_log_class=AccessLog,
+                           keepalive_timeout=header_timeout,
+                           lingering_time=min(LINGER_TIME, body_timeout))
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = _GuardedSite(runner, host, port, guard)
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     bound_port = runner.addresses[0][1]
-    log.info("http_listening", extra={"address": f"{host or '*'}:{bound_port}"})
+    log.info("http_listening", extra={
+        "address": f"{host or '*'}:{bound_port}", "max_connections": guard.max_connections,
+        "fd_limit": guard.fd_limit, "fd_reserve": guard.fd_reserve})
     return runner, bound_port
 
 

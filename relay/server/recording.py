@@ -4,10 +4,18 @@ The server hands the recorder the room events it observes: a match's file opens 
 starts (``replay.enabled``), takes every frame, checksum and desync, and closes when the room
 ends. The file format is relay.replay's; this module only decides which files exist. A failing
 disk ends a recording, never the match.
+
+File names: ``<room>-<UTC start, ms>-<hash>.replay``, e.g.
+``m_X-20261126T142233.123Z-55afcb6d.replay``: the room id with every character but
+``A-Za-z0-9_.-`` replaced by ``_`` (cut to SLUG_LENGTH), then the first 8 hex digits of the
+BLAKE2b hash of the exact room id, so rooms the slug confuses (``m/X``, ``m_X``) get different
+files. A file is created exclusively: an existing one is never overwritten (``-2``, ``-3``, ...
+are tried). The header holds the exact room id.
 """
 from __future__ import annotations
 
-import os
+import errno
+import hashlib
 import re
 import tempfile
 import time
@@ -18,6 +26,17 @@ from relay.config import ReplaySettings
 from relay.replay import ReplayWriter, enforce_disk_cap
 
 _UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+SLUG_LENGTH = 48
+"""Characters of the room id kept in a replay's file name (the hash tells longer ids apart)."""
+NAME_ATTEMPTS = 100
+
+
+def replay_file_stem(room_id: str, started: float) -> str:
+    """``<slug>-<UTC time>-<hash>``: readable, and unique per room id and millisecond."""
+    slug = _UNSAFE_IN_NAME.sub("_", room_id)[:SLUG_LENGTH]
+    digest = hashlib.blake2b(room_id.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
+    return f"{slug}-{stamp}.{int(started * 1000) % 1000:03d}Z-{digest}"
 
 
 def check_replay_directory(settings: ReplaySettings) -> Path | None:
@@ -59,13 +78,26 @@ class ReplayRecorder:
                 self.limit_log("limit_reached", "replay_max_disk_bytes", room=room_id,
                                limit=settings.max_disk_bytes, detail="match not recorded")
                 return
-            name = (f"{_UNSAFE_IN_NAME.sub('_', room_id)}-{time.strftime('%Y%m%dT%H%M%S')}"
-                    f"-{os.getpid()}.replay")
-            self.writers[room_id] = ReplayWriter(
-                directory / name, room=room_id, tick_rate=self.tick_rate, players=players,
-                relay_version=relay.__version__, max_bytes=settings.max_bytes)
+            stem = replay_file_stem(room_id, time.time())
+            for attempt in range(1, NAME_ATTEMPTS + 1):
+                suffix = "" if attempt == 1 else f"-{attempt}"
+                try:
+                    self.writers[room_id] = ReplayWriter(
+                        directory / f"{stem}{suffix}.replay", room=room_id,
+                        tick_rate=self.tick_rate, players=players,
+                        relay_version=relay.__version__, max_bytes=settings.max_bytes,
+                        flush_interval=settings.flush_interval, fsync=settings.fsync,
+                        fsync_interval=settings.fsync_interval)
+                    break
+                except FileExistsError:
+                    if attempt == NAME_ATTEMPTS:
+                        raise
         except OSError as error:
-            self.log.error("replay_open_failed", room=room_id, error=str(error))
+            # Once per interval and kind, counted: a lasting fault (EMFILE, a read-only or full
+            # disk) must not write a line per match.
+            kind = errno.errorcode.get(error.errno or 0, type(error).__name__)
+            self.limit_log("replay_open_failed", f"replay_open_{kind}", room=room_id,
+                           error=str(error))
 
     def frame(self, room_id: str, number: int, data: bytes) -> None:
         writer = self.writers.get(room_id)
