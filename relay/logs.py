@@ -38,16 +38,29 @@ def stdlib_formatter(fmt: str = "text") -> logging.Formatter:
         ])
 
 
+class _CurrentStderr:
+    """sys.stderr as it is when a line is written, not when logging was configured: whoever
+    replaces it later (a test capturing output, a daemonizing wrapper) gets the lines, and a
+    stream closed since is never written to."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
+    stream = stream if stream is not None else _CurrentStderr()
     structlog.configure(
         processors=_processors(fmt),
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
     # Libraries that use stdlib logging (aiohttp, asyncio) go to the same stream in the same
     # format, so one parser (or `grep event=`) reads every line.
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(stdlib_formatter(fmt))
     root = logging.getLogger()
     for old in list(root.handlers):
