@@ -24,6 +24,8 @@
  */
 #define _GNU_SOURCE
 #include "checks.h"
+#include "messages.h"
+#include "minimal.h"
 #include "relay_client.h"
 
 #include <arpa/inet.h>
@@ -87,6 +89,7 @@ typedef struct totals {
     uint64_t disconnects, datagrams_in, datagrams_out, bytes_in, bytes_out;
     uint64_t room_mismatches, rooms_compared, frames_unverified, kernel_drops, send_failures;
     uint64_t stray_datagrams, catchup_blocks, live_frames_dropped, notices;
+    uint64_t block_frames, records_refused, transport_drops;
     double cpu, cpu_user, cpu_system;
 } totals_t;
 
@@ -96,6 +99,9 @@ static struct {
     double connect_rate, max_lifetime;
     char room_prefix[40];
     relay_client_config_t config;
+    int minimal;                    /* --client minimal: mc_player per player (minimal.h) */
+    mc_player *minis;               /* one contiguous array, indexed like players */
+    uint64_t connect_seed;
 
     player_t *players;
     uint32_t count, capacity, connected_upto;
@@ -264,7 +270,8 @@ static void pull_datagrams(player_t *p, double now)
         if (s->count == BATCH)
             flush_socket(s);
         buffer = s->buffers + (size_t)s->count * lg.config.mtu;
-        length = relay_client_next_datagram(p->client, buffer, lg.config.mtu, now);
+        length = lg.minimal ? (int)mc_next_datagram(&lg.minis[p->index], buffer, now)
+                            : relay_client_next_datagram(p->client, buffer, lg.config.mtu, now);
         if (length <= 0)
             return;
         s->iov[s->count].iov_base = buffer;
@@ -284,8 +291,17 @@ static void pull_datagrams(player_t *p, double now)
 static void send_input(player_t *p, uint32_t frame, double now)
 {
     uint8_t payload[LG_INPUT_SIZE];
-    lg_input_payload(p->index, frame, payload);
-    if (relay_client_send_input_for(p->client, frame, payload, sizeof payload) == RELAY_OK) {
+    int status;
+    if (lg.minimal) {
+        /* have: frames are taken in order, so the last one taken (-1 before frame 0) */
+        status = mc_send_input(&lg.minis[p->index], frame, p->sequence.last) == 0 ? RELAY_OK : -1;
+        if (status != RELAY_OK)
+            set_error(p, "stream", "input window full");
+    } else {
+        lg_input_payload(p->index, frame, payload);
+        status = relay_client_send_input_for(p->client, frame, payload, sizeof payload);
+    }
+    if (status == RELAY_OK) {
         p->inputs_sent++;
         p->sent_frame[frame % SENT_RING] = frame;
         p->sent_at[frame % SENT_RING] = now;
@@ -317,18 +333,44 @@ static uint64_t frame_hash(const relay_client_t *client, const relay_frame_t *fr
     return hash;
 }
 
-static void on_frame(player_t *p, const relay_frame_t *frame, double now)
+/* The same hash over a frame decoded by clients/c/src/frame.c (the minimal client). */
+static uint64_t rf_frame_hash(const rf_frame *frame)
 {
-    uint32_t number = frame->number, f;
+    uint64_t hash = lg_fnv1a(LG_FNV_OFFSET, &frame->number, sizeof frame->number);
+    uint32_t slot, k;
+    hash = lg_fnv1a(hash, &frame->slot_count, sizeof frame->slot_count);
+    for (slot = 0; slot < frame->slot_count; slot++) {
+        int32_t length = frame->length[slot];
+        uint8_t synthesized = (uint8_t)(frame->synthesized[slot >> 3] >> (slot & 7) & 1);
+        hash = lg_fnv1a(hash, &length, sizeof length);
+        hash = lg_fnv1a(hash, &synthesized, 1);
+        if (length > 0)
+            hash = lg_fnv1a(hash, frame->arena + frame->offset[slot], (size_t)length);
+    }
+    for (k = 0; k < frame->event_count; k++) {
+        int kind, slot_of;
+        const char *name;
+        uint32_t name_length;
+        if (rf_frame_event(frame, k, &kind, &slot_of, &name, &name_length) != 0)
+            continue;
+        hash = lg_fnv1a(hash, &kind, sizeof kind);
+        hash = lg_fnv1a(hash, &slot_of, sizeof slot_of);
+        hash = lg_fnv1a(hash, name, name_length);
+    }
+    return hash;
+}
+
+/* A frame taken: number, content hash, and the player's own slot (length -1: nil). */
+static void on_frame(player_t *p, uint32_t number, uint64_t hash, int length, const uint8_t *data,
+                     int synthesized, double now)
+{
+    uint32_t f;
     uint32_t at = number % SENT_RING;
     if (lg_sequence_take(&p->sequence, number) == LG_DUPLICATE)
         return;
-    lg_ledger_check(lg.rooms[p->index / ROOM_SIZE], number, frame_hash(p->client, frame));
+    lg_ledger_check(lg.rooms[p->index / ROOM_SIZE], number, hash);
     if (p->running && p->sent_frame[at] == number && p->sent_at[at] > 0) {
         uint8_t expected[LG_INPUT_SIZE];
-        const uint8_t *data;
-        int length = p->slot >= 0 ? relay_frame_input(p->client, (uint32_t)p->slot, &data) : -1;
-        int synthesized = p->slot >= 0 && relay_frame_synthesized(p->client, (uint32_t)p->slot);
         lg_input_payload(p->index, number, expected);
         p->inputs_checked++;
         if (synthesized || length != LG_INPUT_SIZE || memcmp(data, expected, LG_INPUT_SIZE) != 0) {
@@ -381,8 +423,12 @@ static void serve_player(player_t *p, double now)
             break;
         }
     }
-    while ((status = relay_client_next_frame(p->client, &frame)) == 1)
-        on_frame(p, &frame, now);
+    while ((status = relay_client_next_frame(p->client, &frame)) == 1) {
+        const uint8_t *data = NULL;
+        int length = p->slot >= 0 ? relay_frame_input(p->client, (uint32_t)p->slot, &data) : -1;
+        int synthesized = p->slot >= 0 && relay_frame_synthesized(p->client, (uint32_t)p->slot);
+        on_frame(p, frame.number, frame_hash(p->client, &frame), length, data, synthesized, now);
+    }
     if (status < 0)
         set_error(p, "stream", "broken");
     pull_datagrams(p, now);
@@ -395,6 +441,77 @@ static void serve_player(player_t *p, double now)
         if (p->heap_at < 0 || next != p->timer)
             schedule(p, next);
     }
+}
+
+/* ---- the minimal client's players ---------------------------------------------------- */
+
+static void mini_control(void *context, mc_player *m, const uint8_t *data, size_t length)
+{
+    static rm_message message;
+    player_t *p = &lg.players[m->index];
+    (void)context;
+    if (rm_decode(data, length, &message) != 1)
+        return;
+    switch (message.type) {
+    case RM_WELCOME:
+        p->welcomed = 1;
+        p->slot = message.slot;
+        break;
+    case RM_REFUSED:
+        set_error(p, "refused", message.code);
+        break;
+    case RM_NOTICE:
+        lg.notices++;
+        set_error(p, "notice", message.code);
+        break;
+    default:
+        break;
+    }
+}
+
+static void mini_frame(void *context, mc_player *m, const uint8_t *data, size_t length, double now)
+{
+    player_t *p = &lg.players[m->index];
+    const rf_frame *frame;
+    int slot_length = -1, synthesized = 0;
+    const uint8_t *slot_data = NULL;
+    (void)context;
+    if (p->failed)
+        return;
+    if (mc_decode_frame(m, data, length, &frame) != RF_OK) {
+        set_error(p, "stream", "broken");
+        return;
+    }
+    if (p->slot >= 0 && (uint32_t)p->slot < frame->slot_count) {
+        slot_length = frame->length[p->slot];
+        slot_data = frame->arena + frame->offset[p->slot];
+        synthesized = frame->synthesized[p->slot >> 3] >> (p->slot & 7) & 1;
+    }
+    on_frame(p, frame->number, rf_frame_hash(frame), slot_length, slot_data, synthesized, now);
+}
+
+static const mc_sink mini_sink = {mini_control, mini_frame, NULL};
+
+/* Timers are lazy: a player's heap entry moves only when its next deadline comes earlier, or
+ * (forced) when the entry fired; one that fires early finds nothing due and is put back. */
+static void serve_mini(player_t *p, double now, int forced)
+{
+    mc_player *m = &lg.minis[p->index];
+    double next;
+    pull_datagrams(p, now);
+    if ((m->state == MC_CLOSED || m->state == MC_DISCONNECTING) && !p->failed) {
+        char text[64];
+        lg.disconnects++;
+        set_error(p, mc_close_text(m, text, sizeof text), NULL);
+    }
+    next = mc_next_timeout(m);
+    if (next < 0) {
+        heap_remove(p);
+        return;
+    }
+    next = next > now ? next : now + 1e-4;
+    if (forced || p->heap_at < 0 || next < p->timer)
+        schedule(p, next);
 }
 
 static void mark_dirty(player_t *p)
@@ -411,7 +528,10 @@ static void serve_dirty(double now)
     for (k = 0; k < lg.dirty_count; k++) {
         player_t *p = &lg.players[lg.dirty[k]];
         p->dirty = 0;
-        serve_player(p, now);
+        if (lg.minimal)
+            serve_mini(p, now, 0);
+        else
+            serve_player(p, now);
     }
     lg.dirty_count = 0;
 }
@@ -475,7 +595,11 @@ static void drain_socket(socket_out_t *s)
             }
             lg.datagrams_in++;
             lg.bytes_in += rx.msgs[i].msg_len;
-            relay_client_receive(lg.players[index].client, rx.buffers[i], rx.msgs[i].msg_len, now);
+            if (lg.minimal)
+                mc_receive(&lg.minis[index], rx.buffers[i], rx.msgs[i].msg_len, now, &mini_sink);
+            else
+                relay_client_receive(lg.players[index].client, rx.buffers[i], rx.msgs[i].msg_len,
+                                     now);
             mark_dirty(&lg.players[index]);
         }
         serve_dirty(now);
@@ -488,8 +612,13 @@ static void run_timers(double now)
 {
     while (lg.heap_size > 0 && lg.players[lg.heap[0]].timer <= now) {
         player_t *p = &lg.players[lg.heap[0]];
-        relay_client_handle_timeout(p->client, now);
-        serve_player(p, now);
+        if (lg.minimal) {
+            mc_handle_timeout(&lg.minis[p->index], now);
+            serve_mini(p, now, 1);
+        } else {
+            relay_client_handle_timeout(p->client, now);
+            serve_player(p, now);
+        }
     }
 }
 
@@ -507,6 +636,8 @@ static void add_players(uint32_t how_many)
         lg.players = realloc(lg.players, capacity * sizeof *lg.players);
         lg.heap = realloc(lg.heap, capacity * sizeof *lg.heap);
         lg.dirty = realloc(lg.dirty, capacity * sizeof *lg.dirty);
+        if (lg.minimal && !(lg.minis = realloc(lg.minis, capacity * sizeof *lg.minis)))
+            die("out of memory for %u players", capacity);
         if (!lg.players || !lg.heap || !lg.dirty)
             die("out of memory for %u players", capacity);
         lg.capacity = capacity;
@@ -520,8 +651,9 @@ static void add_players(uint32_t how_many)
         p->slot = -1;
         p->heap_at = -1;
         lg_sequence_init(&p->sequence);
-        p->client = relay_client_create(&lg.config);
-        if (p->client == NULL)
+        if (lg.minimal)
+            mc_init(&lg.minis[p->index], p->index);
+        else if ((p->client = relay_client_create(&lg.config)) == NULL)
             die("relay_client_create failed for player %u", p->index);
         if (room >= lg.room_count) {
             lg.rooms = realloc(lg.rooms, (room + 1) * sizeof *lg.rooms);
@@ -549,6 +681,23 @@ static void connect_pending(double now)
         lg.connect_tokens -= 1;
         snprintf(room, sizeof room, "%s-%u", lg.room_prefix, p->index / ROOM_SIZE);
         snprintf(name, sizeof name, "p%u", p->index % ROOM_SIZE);
+        if (lg.minimal) {
+            uint8_t join[MC_CONTROL_MAX];
+            int length = rm_encode_join(join, sizeof join, room, name, 0);
+            uint32_t connect_id;
+            do {                            /* splitmix64: a non-zero id per attempt */
+                uint64_t z = (lg.connect_seed += 0x9E3779B97F4A7C15ULL);
+                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+                z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+                connect_id = (uint32_t)(z ^ (z >> 31));
+            } while (connect_id == 0);
+            if (length < 0 || mc_connect(&lg.minis[p->index], connect_id, join, (size_t)length,
+                                         now) != 0)
+                set_error(p, "connect", "JOIN does not fit");
+            p->connected = 1;
+            serve_mini(p, now, 1);
+            continue;
+        }
         if (relay_client_connect(p->client, room, name, 0, NULL, now) != RELAY_OK)
             set_error(p, "connect", "refused by the library");
         p->connected = 1;
@@ -592,6 +741,14 @@ static void collect(totals_t *t)
         t->inputs_checked += p->inputs_checked;
         t->inputs_missing += p->inputs_missing;
         t->inputs_foreign += p->inputs_foreign;
+        if (lg.minimal) {
+            const mc_player *m = &lg.minis[k];
+            t->catchup_blocks += m->blocks;
+            t->block_frames += m->block_frames;
+            t->records_refused += m->refused;
+            t->transport_drops += m->drops;
+            continue;
+        }
         relay_client_get_stats(p->client, &stats);
         t->catchup_blocks += stats.blocks_received;
         t->live_frames_dropped += stats.live_frames_dropped;
@@ -676,10 +833,11 @@ static void json_close(json_t *j, FILE *to)
 
 static const char *io_description(void)
 {
-    static char text[160];
-    snprintf(text, sizeof text, "C loadgen: clients/c sans-I/O core per player, %d sockets, "
+    static char text[200];
+    snprintf(text, sizeof text, "C loadgen: %s per player, %d sockets, "
              "recvmmsg/sendmmsg x %d, IP_PKTINFO source 127.a.b.c per player",
-             lg.socket_count, BATCH);
+             lg.minimal ? "minimal client (mc_player, open mode)"
+                        : "clients/c sans-I/O core", lg.socket_count, BATCH);
     return text;
 }
 
@@ -720,7 +878,9 @@ static void json_memory(json_t *j)
 {
     long rss = rss_bytes();
     json_u64(j, "rss_bytes", (uint64_t)rss);
-    json_u64(j, "client_bytes_allocated", relay_client_memory_size(&lg.config));
+    json_u64(j, "client_bytes_allocated",
+             lg.minimal ? sizeof(mc_player) : relay_client_memory_size(&lg.config));
+    json_u64(j, "player_bytes", sizeof(player_t) + (lg.minimal ? sizeof(mc_player) : 0));
     json_f(j, "rss_per_player", lg.count ? (double)(rss - lg.rss_before_players) / lg.count : 0.0);
 }
 
@@ -747,6 +907,9 @@ static void json_totals(json_t *j, const totals_t *t)
     json_u64(j, "catchup_blocks", t->catchup_blocks);
     json_u64(j, "live_frames_dropped", t->live_frames_dropped);
     json_u64(j, "notices", t->notices);
+    json_u64(j, "block_frames", t->block_frames);
+    json_u64(j, "records_refused", t->records_refused);
+    json_u64(j, "transport_drops", t->transport_drops);
     json_f(j, "cpu", t->cpu);
     json_f(j, "cpu_user", t->cpu_user);
     json_f(j, "cpu_system", t->cpu_system);
@@ -809,6 +972,7 @@ static window_result_t window_end(json_t *j)
     DELTA(bytes_in); DELTA(bytes_out); DELTA(room_mismatches); DELTA(rooms_compared);
     DELTA(frames_unverified); DELTA(kernel_drops); DELTA(send_failures); DELTA(stray_datagrams);
     DELTA(catchup_blocks); DELTA(live_frames_dropped); DELTA(notices);
+    DELTA(block_frames); DELTA(records_refused); DELTA(transport_drops);
     DELTA(cpu); DELTA(cpu_user); DELTA(cpu_system);
 #undef DELTA
     player_counts(&welcomed, &result.running, &result.errors);
@@ -1131,14 +1295,18 @@ static void close_all(void)
     double now = monotonic_now();
     uint32_t k;
     /* Tell the relay at once, so that a following measurement starts from a clean server. */
-    for (k = 0; k < lg.connected_upto; k++) {
+    for (k = 0; k < lg.connected_upto && lg.minimal; k++) {
+        mc_disconnect(&lg.minis[k]);
+        pull_datagrams(&lg.players[k], now);
+    }
+    for (k = 0; k < lg.connected_upto && !lg.minimal; k++) {
         if (relay_client_get_state(lg.players[k].client) != RELAY_STATE_IDLE) {
             relay_client_disconnect(lg.players[k].client, now);
             pull_datagrams(&lg.players[k], now);
         }
     }
     flush_all();
-    for (k = 0; k < lg.count; k++)
+    for (k = 0; k < lg.count && !lg.minimal; k++)
         relay_client_destroy(lg.players[k].client);
 }
 
@@ -1166,7 +1334,8 @@ static void usage(void)
 {
     fputs("usage: loadgen_c [--server HOST:PORT] [--players N] [--seconds S] [--json]\n"
           "                 [--agent] [--tick-rate HZ] [--input-delay FRAMES] [--sockets K]\n"
-          "                 [--connect-rate PER_S] [--max-lifetime S]\n", stderr);
+          "                 [--connect-rate PER_S] [--max-lifetime S]\n"
+          "                 [--client minimal|library]\n", stderr);
     exit(2);
 }
 
@@ -1181,6 +1350,7 @@ int main(int argc, char **argv)
     lg.socket_count = 8;
     lg.connect_rate = 4000;
     lg.max_lifetime = 1800;
+    lg.minimal = 1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1197,6 +1367,8 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--sockets") == 0) lg.socket_count = atoi(v);
         else if (strcmp(a, "--connect-rate") == 0) lg.connect_rate = strtod(v, NULL);
         else if (strcmp(a, "--max-lifetime") == 0) lg.max_lifetime = strtod(v, NULL);
+        else if (strcmp(a, "--client") == 0 && strcmp(v, "minimal") == 0) lg.minimal = 1;
+        else if (strcmp(a, "--client") == 0 && strcmp(v, "library") == 0) lg.minimal = 0;
         else usage();
     }
     if (players < 1 || players > MAX_PLAYERS || lg.tick_rate < 1 || lg.input_delay < 1
@@ -1230,6 +1402,9 @@ int main(int argc, char **argv)
     if (relay_client_memory_size(&lg.config) == 0)
         die("invalid client config");
 
+    if (lg.config.mtu < MC_MTU)
+        die("mtu below the minimal client's %d", MC_MTU);
+    lg.connect_seed = (uint64_t)getpid() << 32 ^ (uint64_t)(monotonic_now() * 1e9);
     lg.window_started = -1;
     lg.connect_refill_at = monotonic_now();
     open_sockets();
