@@ -296,7 +296,7 @@ static void send_input(player_t *p, uint32_t frame, double now)
         /* have: frames are taken in order, so the last one taken (-1 before frame 0) */
         status = mc_send_input(&lg.minis[p->index], frame, p->sequence.last) == 0 ? RELAY_OK : -1;
         if (status != RELAY_OK)
-            set_error(p, "stream", "input window full");
+            set_error(p, "stream", "input queue full");
     } else {
         lg_input_payload(p->index, frame, payload);
         status = relay_client_send_input_for(p->client, frame, payload, sizeof payload);

@@ -24,6 +24,8 @@
 #define MAX_RESENDS 20
 #define RTO_LIMIT 5.0
 #define MAX_BLOCK_SLICES 64
+/* An INPUT record of ours at most: record header 4, [5, u32 frame, bin 16, have] 1+1+5+18+9 */
+#define MC_INPUT_RECORD_MAX 38
 
 enum {
     CLOSE_NONE = 0, CLOSE_REFUSED, CLOSE_REMOTE, CLOSE_LOCAL, CLOSE_CONNECT_TIMEOUT,
@@ -105,13 +107,20 @@ const char *mc_close_text(const mc_player *p, char *out, size_t cap)
 int mc_send_input(mc_player *p, uint32_t frame, int64_t have)
 {
     uint16_t id = p->input_next;
-    if ((uint16_t)(p->input_next - p->input_acked) >= MC_INPUT_WINDOW)
+    int64_t behind = have < 0 ? 0 : (int64_t)frame - have;
+    if ((uint16_t)(p->input_next - p->input_acked) >= MC_INPUT_QUEUE || behind < 0 || behind > 255)
         return -1;
-    p->input_frame[id % MC_INPUT_WINDOW] = frame;
-    p->input_have[id % MC_INPUT_WINDOW] = (uint32_t)(have + 1);
+    p->input_frame[id % MC_INPUT_QUEUE] = frame;
+    p->input_behind[id % MC_INPUT_QUEUE] = (uint8_t)behind;
     p->input_next++;
     p->stream_due = 1;
     return 0;
+}
+
+static int64_t input_have(const mc_player *p, uint16_t id)
+{
+    uint8_t behind = p->input_behind[id % MC_INPUT_QUEUE];
+    return behind == 0 ? -1 : (int64_t)p->input_frame[id % MC_INPUT_QUEUE] - behind;
 }
 
 /* ---- receiving -------------------------------------------------------------------------- */
@@ -139,8 +148,7 @@ static void on_acks(mc_player *p, const rc_data_header *h, double now)
             }
         }
     }
-    /* Every datagram that carried INPUTs carried all of them from the oldest unacknowledged
-     * on: an acknowledged one acknowledges every INPUT below its input_end. */
+    /* A datagram carried the unacknowledged INPUTs of one range of ids */
     for (i = 0; i < 32 && i + behind < MC_SENT_PACKETS; i++) {
         uint16_t s;
         mc_sent *e;
@@ -150,14 +158,22 @@ static void on_acks(mc_player *p, const rc_data_header *h, double now)
         e = &p->sent[s % MC_SENT_PACKETS];
         if (!(e->flags & MC_SENT_VALID) || e->seq != s)
             continue;
-        if ((e->flags & MC_SENT_INPUTS) && rc_seq_diff(e->input_end, p->input_acked) > 0
-            && rc_seq_diff(e->input_end, p->input_next) <= 0) {
-            p->input_acked = e->input_end;
-            progress = 1;
+        if (e->flags & MC_SENT_INPUTS) {
+            uint16_t id = e->input_lo;
+            if (rc_seq_diff(id, p->input_acked) < 0)
+                id = p->input_acked;
+            for (; rc_seq_diff(e->input_hi, id) > 0; id++)
+                p->input_acked_bits |= (uint64_t)1 << (id % MC_INPUT_WINDOW);
         }
         if (e->flags & MC_SENT_CONTROL)
             p->control_acked = 1;
         e->flags &= (uint8_t)~(MC_SENT_INPUTS | MC_SENT_CONTROL);
+    }
+    while (p->input_acked != p->input_next
+           && (p->input_acked_bits >> (p->input_acked % MC_INPUT_WINDOW) & 1)) {
+        p->input_acked_bits &= ~((uint64_t)1 << (p->input_acked % MC_INPUT_WINDOW));
+        p->input_acked++;
+        progress = 1;
     }
     if (p->control_acked) {
         p->control_deadline = -1;
@@ -167,6 +183,8 @@ static void on_acks(mc_player *p, const rc_data_header *h, double now)
         p->stream_deadline = -1;
         p->stream_resends = 0;
     } else if (progress) {
+        if (p->input_unsent != p->input_next)
+            p->stream_due = 1;                      /* the window moved on */
         p->stream_resends = 0;
         p->stream_rto = current_rto(p);
         p->stream_deadline = now + p->stream_rto;
@@ -398,6 +416,7 @@ void mc_handle_timeout(mc_player *p, double now)
         p->stream_rto *= 1.5f;
         p->stream_deadline = now + p->stream_rto;
         p->stream_due = 1;
+        p->stream_resend = 1;
         if (p->stream_resends > MAX_RESENDS || p->stream_rto > RTO_LIMIT)
             close_now(p, CLOSE_RESEND_LIMIT, RC_REASON_RESEND_LIMIT, 1);
     }
@@ -478,7 +497,7 @@ size_t mc_next_datagram(mc_player *p, uint8_t *out, double now)
     size_t pos = RC_DATA_HEADER_SIZE;
     mc_sent *e;
     uint8_t flags = MC_SENT_VALID;
-    uint16_t input_end = p->input_acked;
+    uint16_t input_lo = 0, input_hi = 0;
     switch (p->state) {
     case MC_CONNECTING:
         if (now < p->handshake_due)
@@ -511,25 +530,45 @@ size_t mc_next_datagram(mc_player *p, uint8_t *out, double now)
     }
     p->control_due = 0;
     if (p->stream_due && p->input_acked != p->input_next) {
-        /* the new INPUTs and, as redundant copies, every earlier unacknowledged one, oldest
-         * first; what does not fit goes in the next datagram */
-        uint16_t id;
-        for (id = p->input_acked; id != p->input_next; id++) {
+        /* One range of ids, at most `room` of them and none past the window: a resend from the
+         * oldest unacknowledged on; otherwise the ones never written and, as redundant copies,
+         * the unacknowledged ones just before them. */
+        uint16_t room = (uint16_t)((MC_MTU - 16 - pos) / MC_INPUT_RECORD_MAX), id;
+        uint16_t limit = (uint16_t)(p->input_acked + MC_INPUT_WINDOW);
+        if (rc_seq_diff(p->input_next, limit) < 0)
+            limit = p->input_next;
+        if (p->stream_resend) {
+            input_lo = p->input_acked;
+            input_hi = (uint16_t)(input_lo + room);
+            if (rc_seq_diff(input_hi, limit) > 0)
+                input_hi = limit;
+        } else {
+            input_hi = (uint16_t)(p->input_unsent + room);
+            if (rc_seq_diff(input_hi, limit) > 0)
+                input_hi = limit;
+            input_lo = (uint16_t)(input_hi - room);
+            if (rc_seq_diff(input_lo, p->input_acked) < 0)
+                input_lo = p->input_acked;
+        }
+        for (id = input_lo; id != input_hi; id++) {
             uint8_t message[48], payload[LG_INPUT_SIZE];
-            uint32_t slot = id % MC_INPUT_WINDOW;
+            uint32_t slot = id % MC_INPUT_QUEUE;
             int length;
+            if (p->input_acked_bits >> (id % MC_INPUT_WINDOW) & 1)
+                continue;
             lg_input_payload(p->index, p->input_frame[slot], payload);
             length = rm_encode_input(message, sizeof message, p->input_frame[slot], payload,
-                                     sizeof payload, (int64_t)p->input_have[slot] - 1);
-            if (length < 0 || pos + rc_message_record_size((size_t)length) > MC_MTU - 16)
-                break;
+                                     sizeof payload, input_have(p, id));
             pos += rc_message_record_write(out + pos, 1, id, message, (size_t)length);
         }
-        input_end = id;
-        if (input_end != p->input_acked)
+        if (input_hi != input_lo)
             flags |= MC_SENT_INPUTS;
-        p->stream_due = input_end != p->input_next;
-        if (p->stream_deadline < 0) {
+        if (rc_seq_diff(input_hi, p->input_unsent) > 0)
+            p->input_unsent = input_hi;
+        /* more to write now only if new ones did not fit (not if the window is full) */
+        p->stream_due = p->input_unsent != limit;
+        p->stream_resend = 0;
+        if (p->stream_deadline < 0 && input_hi != input_lo) {
             p->stream_rto = current_rto(p);
             p->stream_deadline = now + p->stream_rto;
         }
@@ -543,7 +582,8 @@ size_t mc_next_datagram(mc_player *p, uint8_t *out, double now)
     mc_fill_header(p, now, out);
     e = &p->sent[p->next_seq % MC_SENT_PACKETS];
     e->seq = p->next_seq;
-    e->input_end = input_end;
+    e->input_lo = input_lo;
+    e->input_hi = input_hi;
     e->flags = flags;
     p->next_seq++;
     p->last_sent = now;

@@ -17,10 +17,10 @@
  *  - channel 0 (CONTROL, reliable_ordered, window 16): sends one message, the JOIN, resent on
  *    its RTO (x1.5 backoff) until acknowledged; READY is not sent (rooms that start when full
  *    do not need it); receives in id order, duplicates accepted;
- *  - channel 1 (STREAM, redundant, window 64): INPUTs as messages, each datagram that carries a
- *    new or RTO-resent INPUT also carries every earlier unacknowledged INPUT as a redundant
- *    copy (policy "always"; at most MC_INPUT_WINDOW in flight, all of which fit one datagram),
- *    so one acknowledged datagram acknowledges every INPUT up to the newest it carried;
+ *  - channel 1 (STREAM, redundant, window 64): INPUTs as messages; each datagram that carries a
+ *    new INPUT also carries the earlier unacknowledged ones as redundant copies, newest first
+ *    as many as fit (policy "always"); an RTO resend carries them oldest first; a datagram
+ *    carries one contiguous range of ids, so the sent-packet record is two numbers;
  *    receives FRAMEs in id order, redundant copies deduplicated by message id;
  *  - a message ahead of the next expected id is refused (a reassembly budget of 0, PROTOCOL
  *    12.5 reassembly_full): the packet is then not acknowledged and the relay resends it; a
@@ -43,7 +43,8 @@
 #include "frame.h"
 
 #define MC_SENT_PACKETS 32        /* ack_bits span: older packets can never be acknowledged */
-#define MC_INPUT_WINDOW 32        /* INPUTs in flight (a power of two: ids wrap at 65536) */
+#define MC_INPUT_WINDOW 64        /* STREAM's window: INPUT ids in flight */
+#define MC_INPUT_QUEUE 128        /* INPUTs held: in flight and waiting (powers of two) */
 #define MC_SLOTS 8
 #define MC_SLOT_BYTES 16
 #define MC_MTU 1200
@@ -56,7 +57,7 @@ enum { MC_IDLE = 0, MC_CONNECTING, MC_CHALLENGED, MC_CONNECTED, MC_DISCONNECTING
 
 typedef struct mc_sent {
     uint16_t seq;
-    uint16_t input_end;           /* INPUT ids below this were all in the packet (if INPUTS) */
+    uint16_t input_lo, input_hi;  /* the packet carried the unacknowledged INPUTs lo .. hi - 1 */
     uint8_t flags;                /* MC_SENT_VALID | MC_SENT_INPUTS | MC_SENT_CONTROL */
 } mc_sent;
 
@@ -64,7 +65,7 @@ typedef struct mc_player {
     uint32_t index;               /* the loader's player index (its inputs' bytes) */
     uint32_t connect_id, session_id;
     uint8_t state, close_kind, close_code, disconnects_left, received_any;
-    uint8_t ack_pending, control_due, control_acked, stream_due;
+    uint8_t ack_pending, control_due, control_acked, stream_due, stream_resend;
     uint8_t challenge[24];        /* CHALLENGE bytes 4..27, copied into CONNECT_RESPONSE */
     uint16_t peer_ack_delay_ms;
     uint16_t next_seq;
@@ -79,10 +80,12 @@ typedef struct mc_player {
     uint8_t control[MC_CONTROL_MAX];
     double control_deadline, stream_deadline;     /* < 0: nothing unacknowledged */
     float control_rto, stream_rto;
-    /* channel 1 out: INPUT ids input_acked .. input_next - 1 unacknowledged */
-    uint16_t input_next, input_acked;
-    uint32_t input_frame[MC_INPUT_WINDOW];
-    uint32_t input_have[MC_INPUT_WINDOW];         /* have + 1 */
+    /* channel 1 out: INPUT ids input_acked .. input_next - 1 held (acked ones among them in
+     * input_acked_bits, bit id % 64), input_unsent .. never written yet */
+    uint16_t input_next, input_acked, input_unsent;
+    uint64_t input_acked_bits;
+    uint32_t input_frame[MC_INPUT_QUEUE];
+    uint8_t input_behind[MC_INPUT_QUEUE];         /* frame - have */
     mc_sent sent[MC_SENT_PACKETS];
     /* channels in */
     uint16_t control_expected, stream_expected;
@@ -109,8 +112,9 @@ typedef struct mc_sink {
 void mc_init(mc_player *p, uint32_t index);
 int mc_connect(mc_player *p, uint32_t connect_id, const uint8_t *join_message, size_t length,
                double now);
-/* Queues the INPUT for frame (payload lg_input_payload(index, frame)): 0, or -1 when
- * MC_INPUT_WINDOW are already unacknowledged. */
+/* Queues the INPUT for frame (payload lg_input_payload(index, frame); have: -1 or frame - 255
+ * .. frame - 1): 0, or -1 when MC_INPUT_QUEUE are already held. Beyond MC_INPUT_WINDOW
+ * unacknowledged ones an INPUT waits for acks (PROTOCOL 12.3). */
 int mc_send_input(mc_player *p, uint32_t frame, int64_t have);
 /* One received datagram from the relay. 0 if taken, else a drop reason (wire.h rc_drop). */
 int mc_receive(mc_player *p, const uint8_t *data, size_t length, double now, const mc_sink *sink);
