@@ -845,7 +845,8 @@ def build_loadgen(directory: Path) -> Path:
     """benchmarks/loadgen_c built with ``cc -O2``, the C client library's sources compiled in
     (clients/c/CMakeLists.txt's defines; libsodium and zlib as it links them)."""
     binary = directory / "loadgen_c"
-    sources = [LOADGEN_C / "loadgen.c", LOADGEN_C / "checks.c", LOADGEN_C / "minimal.c", *sorted((C_CLIENT / "src").glob("*.c"))]
+    sources = [LOADGEN_C / "loadgen.c", LOADGEN_C / "checks.c", LOADGEN_C / "minimal.c",
+               *sorted((C_CLIENT / "src").glob("*.c"))]
     result = subprocess.run([c_compiler(), "-O2", "-std=gnu99", "-DRELAY_CLIENT_BUILDING",
                              f"-I{C_CLIENT / 'include'}", f"-I{C_CLIENT / 'src'}", f"-I{LOADGEN_C}",
                              "-o", str(binary), *map(str, sources), "-lsodium", "-lz", "-lm"],
