@@ -121,6 +121,11 @@ static struct {
     uint64_t datagrams_in, datagrams_out, bytes_in, bytes_out, disconnects, kernel_drops;
     uint64_t send_failures, stray_datagrams, notices;
     lg_histogram_t latency;
+    /* Is the loader keeping up? reply delay: from the first datagram a pass received to the
+     * flush of what the pass wrote (the INPUTs answering those frames); timer lateness: how
+     * long after its time a timer ran. Both since window_start. */
+    double pass_first_rx, reply_delay_max, reply_delay_sum, timer_late_max;
+    uint64_t reply_passes;
     double window_started;          /* < 0: no window */
     totals_t window_base;
     long rss_before_players;
@@ -609,6 +614,8 @@ static void drain_socket(socket_out_t *s)
         if (n <= 0)
             return;
         now = monotonic_now();
+        if (lg.pass_first_rx < 0)
+            lg.pass_first_rx = now;
         for (i = 0; i < n; i++) {
             struct msghdr *m = &rx.msgs[i].msg_hdr;
             struct cmsghdr *c;
@@ -672,6 +679,8 @@ static void run_timers(double now)
             if (p->wheel_bucket != b)
                 continue;                               /* stale */
             if (p->timer <= now) {
+                if (now - p->timer > lg.timer_late_max)
+                    lg.timer_late_max = now - p->timer;
                 p->wheel_bucket = NO_BUCKET;
                 fire(p, now);
             } else if (b == now_bucket && bucket_of(p->timer) == b) {
@@ -1006,6 +1015,8 @@ static void window_start(void)
     for (k = 0; k < lg.count; k++)
         lg.players[k].window_frames = lg.players[k].sequence.frames;
     lg_histogram_clear(&lg.latency);
+    lg.reply_delay_max = lg.reply_delay_sum = lg.timer_late_max = 0;
+    lg.reply_passes = 0;
     lg.window_started = monotonic_now();
 }
 
@@ -1063,6 +1074,9 @@ static window_result_t window_end(json_t *j)
     json_f(j, "latency_p99_ms", lg_histogram_quantile(&lg.latency, 0.99) * 1e3);
     json_f(j, "latency_max_ms", lg.latency.max_seconds * 1e3);
     json_f(j, "cpu_share", seconds > 0 ? result.delta.cpu / seconds : 0.0);
+    json_f(j, "reply_delay_max_ms", lg.reply_delay_max * 1e3);
+    json_f(j, "reply_delay_mean_ms", lg.reply_passes ? lg.reply_delay_sum / lg.reply_passes * 1e3 : 0.0);
+    json_f(j, "timer_late_max_ms", lg.timer_late_max * 1e3);
     json_memory(j);
     lg.window_started = -1;
     return result;
@@ -1114,6 +1128,14 @@ static void pump(double max_wait, int stdin_fd, void (*on_stdin)(void))
     run_timers(now);
     connect_pending(now);
     flush_all();
+    if (lg.pass_first_rx >= 0) {
+        double delay = monotonic_now() - lg.pass_first_rx;
+        if (delay > lg.reply_delay_max)
+            lg.reply_delay_max = delay;
+        lg.reply_delay_sum += delay;
+        lg.reply_passes++;
+        lg.pass_first_rx = -1;
+    }
 }
 
 /* ---- agent mode ------------------------------------------------------------------------------ */
@@ -1474,6 +1496,7 @@ int main(int argc, char **argv)
         die("mtu below the minimal client's %d", MC_MTU);
     lg.connect_seed = (uint64_t)getpid() << 32 ^ (uint64_t)(monotonic_now() * 1e9);
     lg.wheel_origin = monotonic_now();
+    lg.pass_first_rx = -1;
     lg.window_started = -1;
     lg.connect_refill_at = monotonic_now();
     open_sockets();
