@@ -1,7 +1,9 @@
 /*
  * loadgen.c - the relay's load generator in C: thousands of simulated lockstep players from one
- * thread on one core, each a relay_client_t of clients/c (its sans-I/O core: no socket of its
- * own, no clock), carried over a few UDP sockets with batched syscalls.
+ * thread on one core, carried over a few UDP sockets with batched syscalls. Each player is
+ * (--client) either the loader's own minimal client (minimal.h: ~1.3 KiB of state in one array,
+ * open mode; the default) or a relay_client_t of clients/c (the library, token mode included;
+ * the cross-check), both sans-I/O: no socket of their own, no clock.
  *
  * Addresses: the relay knows a player by its source address. Every socket is bound to
  * 0.0.0.0:<ephemeral> with IP_PKTINFO; each datagram a player sends carries an in_pktinfo

@@ -1,7 +1,7 @@
 /*
  * minimal.h - the load generator's own minimal relay client (--client minimal): exactly the
  * wire of docs/PROTOCOL.md and docs/RELAY_PROTOCOL.md that a lockstep bot needs, with all of a
- * player's connection state in one fixed-size struct (mc_player, about 700 bytes) that lives
+ * player's connection state in one fixed-size struct (mc_player, about 1.3 KiB) that lives
  * in one contiguous array: no allocation per player, no clock, no socket (sans-I/O, like the
  * library's core).
  *
