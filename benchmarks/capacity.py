@@ -360,9 +360,12 @@ class RelayTarget:
 
     name = "relay"
 
-    def __init__(self, max_players: int, cpu: Optional[int], loader: Optional[Path] = None):
+    def __init__(self, max_players: int, cpu: Optional[int], loader: Optional[Path] = None,
+                 loader_client: str = "minimal"):
         self.loader = loader
         """The C load generator's binary (build_loadgen); None: benchmarks/loadgen.py."""
+        self.loader_client = loader_client
+        """The C load generator's client: minimal (its own, compact) or library (clients/c)."""
         self.udp_port, self.http_port = free_port(), free_port(socket.SOCK_STREAM)
         self.replay_dir = tempfile.mkdtemp(prefix="capacity-replays-")
         env = dict(os.environ,
@@ -432,7 +435,7 @@ class RelayTarget:
     def loader_argv(self) -> list[str]:
         if self.loader is not None:
             return [str(self.loader), "--agent", "--server", f"127.0.0.1:{self.udp_port}",
-                    "--tick-rate", str(TICK_RATE)]
+                    "--tick-rate", str(TICK_RATE), "--client", self.loader_client]
         return [sys.executable, str(HERE / "loadgen.py"), "--agent", "--server",
                 f"127.0.0.1:{self.udp_port}", "--tick-rate", str(TICK_RATE)]
 
@@ -845,7 +848,8 @@ def build_loadgen(directory: Path) -> Path:
     """benchmarks/loadgen_c built with ``cc -O2``, the C client library's sources compiled in
     (clients/c/CMakeLists.txt's defines; libsodium and zlib as it links them)."""
     binary = directory / "loadgen_c"
-    sources = [LOADGEN_C / "loadgen.c", LOADGEN_C / "checks.c", *sorted((C_CLIENT / "src").glob("*.c"))]
+    sources = [LOADGEN_C / "loadgen.c", LOADGEN_C / "checks.c", LOADGEN_C / "minimal.c",
+               *sorted((C_CLIENT / "src").glob("*.c"))]
     result = subprocess.run([c_compiler(), "-O2", "-std=gnu99", "-DRELAY_CLIENT_BUILDING",
                              f"-I{C_CLIENT / 'include'}", f"-I{C_CLIENT / 'src'}", f"-I{LOADGEN_C}",
                              "-o", str(binary), *map(str, sources), "-lsodium", "-lz", "-lm"],
@@ -1028,7 +1032,9 @@ def format_report(report: dict) -> str:
                  f"(softirq work done in its context included) / wall time")
     lines.append("  relay serve runs with RELAY_SECURITY_HANDSHAKE_RATE=0 (no per-source handshake "
                  "limit: the Python loader's bots all connect from 127.0.0.1), open mode, replays off; "
-                 f"loader: {report['settings'].get('loader', 'python')}")
+                 f"loader: {report['settings'].get('loader', 'python')}"
+                 + (f" ({report['settings']['loader_client']} client)"
+                    if report['settings'].get('loader_client') else ""))
     lines.append(f"  command: {report['command']}")
     base = report.get("timer_baseline")
     if base:
@@ -1147,6 +1153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the relay's load generator: c (benchmarks/loadgen_c, built with cc; "
                              "default) or python (benchmarks/loadgen.py, saturates near 1,700 "
                              "players); the ENet part always uses its own")
+    parser.add_argument("--loader-client", choices=("minimal", "library"), default="minimal",
+                        help="--loader c: each player a compact minimal client (default) or a "
+                             "relay_client_t of the C client library (clients/c), the cross-check")
     parser.add_argument("--points", metavar="N,N,...",
                         help="cost growth instead of the relay's ramp: measure the relay at each "
                              "of these player counts (e.g. 1024,2048,4096,8192), one window each, "
@@ -1155,13 +1164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--points: players added per add command (default 512)")
 
 
-def relay_factory(work: Optional[Path]):
+def relay_factory(work: Optional[Path], loader_client: str = "minimal"):
     """What ramp() and measure_points() start for the relay: ``relay serve`` with the C load
-    generator built into ``work`` (None: benchmarks/loadgen.py)."""
+    generator built into ``work`` (None: benchmarks/loadgen.py), its players of loader_client."""
     binary = build_loadgen(work) if work is not None else None
 
     def start(max_players: int, cpu: Optional[int]) -> RelayTarget:
-        return RelayTarget(max_players, cpu, binary)
+        return RelayTarget(max_players, cpu, binary, loader_client)
     start.name = "relay"            # type: ignore[attr-defined]
     return start
 
@@ -1215,7 +1224,8 @@ def run(args: argparse.Namespace) -> int:
                                  "step_seconds": step_seconds, "retries": args.retries,
                                  "tick_rate": TICK_RATE, "room_size": ROOM_SIZE,
                                  "lateness_limit_ms": LATENESS_LIMIT * 1000,
-                                 "loader": args.loader, "points": points or None},
+                                 "loader": args.loader, "points": points or None,
+                                 "loader_client": args.loader_client if args.loader == "c" else None},
                     "ramps": {}, "summary": {}}
     profile_dir = Path(tempfile.mkdtemp(prefix="capacity-profile-")) if args.profile else None
     server_cpu = SERVER_CPU if SERVER_CPU in cpus_available() else None
@@ -1255,7 +1265,8 @@ def run(args: argparse.Namespace) -> int:
                 factory = EnetTarget
                 if part == "relay":
                     try:
-                        factory = relay_factory(work if args.loader == "c" else None)
+                        factory = relay_factory(work if args.loader == "c" else None,
+                                                args.loader_client)
                     except Exception as error:
                         report["ramps"]["relay"] = {"steps": [], "error": str(error),
                                                     "stopped_because": "no load generator"}

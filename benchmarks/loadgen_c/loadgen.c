@@ -1,7 +1,9 @@
 /*
  * loadgen.c - the relay's load generator in C: thousands of simulated lockstep players from one
- * thread on one core, each a relay_client_t of clients/c (its sans-I/O core: no socket of its
- * own, no clock), carried over a few UDP sockets with batched syscalls.
+ * thread on one core, carried over a few UDP sockets with batched syscalls. Each player is
+ * (--client) either the loader's own minimal client (minimal.h: ~1.3 KiB of state in one array,
+ * open mode; the default) or a relay_client_t of clients/c (the library, token mode included;
+ * the cross-check), both sans-I/O: no socket of their own, no clock.
  *
  * Addresses: the relay knows a player by its source address. Every socket is bound to
  * 0.0.0.0:<ephemeral> with IP_PKTINFO; each datagram a player sends carries an in_pktinfo
@@ -24,6 +26,8 @@
  */
 #define _GNU_SOURCE
 #include "checks.h"
+#include "messages.h"
+#include "minimal.h"
 #include "relay_client.h"
 
 #include <arpa/inet.h>
@@ -50,6 +54,9 @@
 #define SENT_RING 32                /* inputs in flight per player whose send time is kept */
 #define CONTROL_SPACE 64            /* in_pktinfo + the drop counter */
 #define ERROR_SAMPLES 5
+#define WHEEL 1024                  /* timer wheel: buckets of WHEEL_TICK, about 1 s ahead */
+#define WHEEL_TICK 0.001
+#define NO_BUCKET 0xFFFFFFFFu
 
 /* ---- players ------------------------------------------------------------------------------ */
 
@@ -58,7 +65,7 @@ typedef struct player {
     uint32_t index;
     uint32_t address;               /* host order, 127.a.b.c */
     int32_t slot;
-    int32_t heap_at;                /* position in the timer heap, -1 when not in it */
+    uint32_t wheel_bucket;          /* the timer wheel's bucket of its live entry, or NO_BUCKET */
     double timer;
     lg_sequence_t sequence;
     uint64_t window_frames;         /* sequence.frames when the window started */
@@ -87,6 +94,7 @@ typedef struct totals {
     uint64_t disconnects, datagrams_in, datagrams_out, bytes_in, bytes_out;
     uint64_t room_mismatches, rooms_compared, frames_unverified, kernel_drops, send_failures;
     uint64_t stray_datagrams, catchup_blocks, live_frames_dropped, notices;
+    uint64_t block_frames, records_refused, transport_drops;
     double cpu, cpu_user, cpu_system;
 } totals_t;
 
@@ -96,13 +104,17 @@ static struct {
     double connect_rate, max_lifetime;
     char room_prefix[40];
     relay_client_config_t config;
+    int minimal;                    /* --client minimal: mc_player per player (minimal.h) */
+    mc_player *minis;               /* one contiguous array, indexed like players */
+    uint64_t connect_seed;
 
     player_t *players;
     uint32_t count, capacity, connected_upto;
     lg_room_ledger_t **rooms;
     uint32_t room_count;
-    int32_t *heap;
-    uint32_t heap_size;
+    struct bucket { uint32_t *items, count, capacity; } wheel[WHEEL];
+    uint32_t wheel_cursor;          /* the first bucket not yet run */
+    double wheel_origin;
     uint32_t *dirty;
     uint32_t dirty_count;
     socket_out_t sockets[MAX_SOCKETS];
@@ -111,6 +123,11 @@ static struct {
     uint64_t datagrams_in, datagrams_out, bytes_in, bytes_out, disconnects, kernel_drops;
     uint64_t send_failures, stray_datagrams, notices;
     lg_histogram_t latency;
+    /* Is the loader keeping up? reply delay: from the first datagram a pass received to the
+     * flush of what the pass wrote (the INPUTs answering those frames); timer lateness: how
+     * long after its time a timer ran. Both since window_start. */
+    double pass_first_rx, reply_delay_max, reply_delay_sum, timer_late_max;
+    uint64_t reply_passes;
     double window_started;          /* < 0: no window */
     totals_t window_base;
     long rss_before_players;
@@ -162,62 +179,76 @@ static void set_error(player_t *p, const char *kind, const char *detail)
              detail ? detail : "");
 }
 
-/* ---- the timer heap (player indices keyed by player.timer) --------------------------------- */
+/* ---- the timer wheel ------------------------------------------------------------------------
+ * Player indices in buckets of WHEEL_TICK by player.timer; a timer further than the wheel goes
+ * in its last bucket and is put back when that comes round. Entries are not removed: an entry
+ * whose bucket is not the player's wheel_bucket is stale and skipped. So moving a timer costs
+ * one append and touches no other player; a lazy move (later) costs nothing at all: the entry
+ * fires early, finds the timer later and is put back. */
 
-static int heap_less(uint32_t i, uint32_t j)
+static uint32_t bucket_of(double when)
 {
-    return lg.players[lg.heap[i]].timer < lg.players[lg.heap[j]].timer;
+    double at = (when - lg.wheel_origin) / WHEEL_TICK;
+    uint32_t b = at <= (double)lg.wheel_cursor ? lg.wheel_cursor : (uint32_t)at;
+    if (b - lg.wheel_cursor >= WHEEL)
+        b = lg.wheel_cursor + WHEEL - 1;
+    return b;
 }
 
-static void heap_swap(uint32_t i, uint32_t j)
+static void wheel_push(player_t *p, uint32_t b)
 {
-    int32_t t = lg.heap[i];
-    lg.heap[i] = lg.heap[j];
-    lg.heap[j] = t;
-    lg.players[lg.heap[i]].heap_at = (int32_t)i;
-    lg.players[lg.heap[j]].heap_at = (int32_t)j;
-}
-
-static void heap_fix(uint32_t i)
-{
-    while (i > 0 && heap_less(i, (i - 1) / 2)) {
-        heap_swap(i, (i - 1) / 2);
-        i = (i - 1) / 2;
+    struct bucket *k = &lg.wheel[b % WHEEL];
+    if (k->count == k->capacity) {
+        k->capacity = k->capacity ? 2 * k->capacity : 64;
+        k->items = realloc(k->items, k->capacity * sizeof *k->items);
+        if (!k->items)
+            die("out of memory for timers");
     }
-    for (;;) {
-        uint32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < lg.heap_size && heap_less(l, m))
-            m = l;
-        if (r < lg.heap_size && heap_less(r, m))
-            m = r;
-        if (m == i)
-            return;
-        heap_swap(i, m);
-        i = m;
-    }
+    k->items[k->count++] = p->index;
+    p->wheel_bucket = b;
 }
 
-static void heap_remove(player_t *p)
+static void timer_remove(player_t *p)
 {
-    uint32_t at = (uint32_t)p->heap_at;
-    if (p->heap_at < 0)
+    p->wheel_bucket = NO_BUCKET;
+    p->timer = -1;
+}
+
+/* lazy: only an earlier time (or no timer yet) moves the entry */
+static void schedule(player_t *p, double when, int lazy)
+{
+    uint32_t b;
+    if (lazy && p->wheel_bucket != NO_BUCKET && when >= p->timer) {
+        p->timer = when;
         return;
-    lg.heap_size--;
-    if (at != lg.heap_size) {
-        heap_swap(at, lg.heap_size);
-        heap_fix(at);
     }
-    p->heap_at = -1;
+    p->timer = when;
+    b = bucket_of(when);
+    if (b != p->wheel_bucket)
+        wheel_push(p, b);
 }
 
-static void schedule(player_t *p, double when)
+/* When the wheel next has an entry (within `horizon`), or now + horizon. */
+static double wheel_next(double now, double horizon)
 {
-    p->timer = when;
-    if (p->heap_at < 0) {
-        p->heap_at = (int32_t)lg.heap_size;
-        lg.heap[lg.heap_size++] = (int32_t)p->index;
+    uint32_t b, end = lg.wheel_cursor + (uint32_t)(horizon / WHEEL_TICK) + 1;
+    for (b = lg.wheel_cursor; b != end && b - lg.wheel_cursor < WHEEL; b++) {
+        const struct bucket *k = &lg.wheel[b % WHEEL];
+        double first = -1;
+        uint32_t i;
+        if (k->count == 0)
+            continue;
+        if (b != lg.wheel_cursor)
+            return lg.wheel_origin + b * WHEEL_TICK;
+        for (i = 0; i < k->count; i++) {          /* the current bucket: its first live timer */
+            const player_t *p = &lg.players[k->items[i]];
+            if (p->wheel_bucket == b && (first < 0 || p->timer < first))
+                first = p->timer;
+        }
+        if (first >= 0)
+            return first;
     }
-    heap_fix((uint32_t)p->heap_at);
+    return now + horizon;
 }
 
 /* ---- sending --------------------------------------------------------------------------------- */
@@ -264,7 +295,8 @@ static void pull_datagrams(player_t *p, double now)
         if (s->count == BATCH)
             flush_socket(s);
         buffer = s->buffers + (size_t)s->count * lg.config.mtu;
-        length = relay_client_next_datagram(p->client, buffer, lg.config.mtu, now);
+        length = lg.minimal ? (int)mc_next_datagram(&lg.minis[p->index], buffer, now)
+                            : relay_client_next_datagram(p->client, buffer, lg.config.mtu, now);
         if (length <= 0)
             return;
         s->iov[s->count].iov_base = buffer;
@@ -284,8 +316,17 @@ static void pull_datagrams(player_t *p, double now)
 static void send_input(player_t *p, uint32_t frame, double now)
 {
     uint8_t payload[LG_INPUT_SIZE];
-    lg_input_payload(p->index, frame, payload);
-    if (relay_client_send_input_for(p->client, frame, payload, sizeof payload) == RELAY_OK) {
+    int status;
+    if (lg.minimal) {
+        /* have: frames are taken in order, so the last one taken (-1 before frame 0) */
+        status = mc_send_input(&lg.minis[p->index], frame, p->sequence.last) == 0 ? RELAY_OK : -1;
+        if (status != RELAY_OK)
+            set_error(p, "stream", "input queue full");
+    } else {
+        lg_input_payload(p->index, frame, payload);
+        status = relay_client_send_input_for(p->client, frame, payload, sizeof payload);
+    }
+    if (status == RELAY_OK) {
         p->inputs_sent++;
         p->sent_frame[frame % SENT_RING] = frame;
         p->sent_at[frame % SENT_RING] = now;
@@ -317,18 +358,65 @@ static uint64_t frame_hash(const relay_client_t *client, const relay_frame_t *fr
     return hash;
 }
 
-static void on_frame(player_t *p, const relay_frame_t *frame, double now)
+/* A word at a time (every member of a room hashes with the same function, so any good mix
+ * does; FNV-1a a byte at a time was 4 % of the minimal client's loader time). */
+static uint64_t mix64(uint64_t hash, uint64_t word)
 {
-    uint32_t number = frame->number, f;
+    hash = (hash ^ word) * 0x9E3779B97F4A7C15ULL;
+    return hash ^ (hash >> 29);
+}
+
+static uint64_t hash_bytes(uint64_t hash, const uint8_t *data, size_t length)
+{
+    uint64_t word;
+    for (; length >= 8; data += 8, length -= 8) {
+        memcpy(&word, data, 8);
+        hash = mix64(hash, word);
+    }
+    if (length) {
+        word = 0;
+        memcpy(&word, data, length);
+        hash = mix64(hash, word ^ (uint64_t)length << 56);
+    }
+    return hash;
+}
+
+/* A frame's content hash, as decoded by clients/c/src/frame.c (the minimal client). */
+static uint64_t rf_frame_hash(const rf_frame *frame)
+{
+    uint64_t hash = mix64(LG_FNV_OFFSET, (uint64_t)frame->number << 32 | frame->slot_count);
+    uint32_t slot, k;
+    for (slot = 0; slot < frame->slot_count; slot++) {
+        uint32_t length = (uint32_t)frame->length[slot];
+        uint64_t synthesized = frame->synthesized[slot >> 3] >> (slot & 7) & 1;
+        hash = mix64(hash, (uint64_t)length | synthesized << 32);
+        if (frame->length[slot] > 0)
+            hash = hash_bytes(hash, frame->arena + frame->offset[slot], length);
+    }
+    for (k = 0; k < frame->event_count; k++) {
+        int kind, slot_of;
+        const char *name;
+        uint32_t name_length;
+        if (rf_frame_event(frame, k, &kind, &slot_of, &name, &name_length) != 0)
+            continue;
+        hash = lg_fnv1a(hash, &kind, sizeof kind);
+        hash = lg_fnv1a(hash, &slot_of, sizeof slot_of);
+        hash = lg_fnv1a(hash, name, name_length);
+    }
+    return hash;
+}
+
+/* A frame taken: number, content hash, and the player's own slot (length -1: nil). */
+static void on_frame(player_t *p, uint32_t number, uint64_t hash, int length, const uint8_t *data,
+                     int synthesized, double now)
+{
+    uint32_t f;
     uint32_t at = number % SENT_RING;
     if (lg_sequence_take(&p->sequence, number) == LG_DUPLICATE)
         return;
-    lg_ledger_check(lg.rooms[p->index / ROOM_SIZE], number, frame_hash(p->client, frame));
+    lg_ledger_check(lg.rooms[p->index / ROOM_SIZE], number, hash);
     if (p->running && p->sent_frame[at] == number && p->sent_at[at] > 0) {
         uint8_t expected[LG_INPUT_SIZE];
-        const uint8_t *data;
-        int length = p->slot >= 0 ? relay_frame_input(p->client, (uint32_t)p->slot, &data) : -1;
-        int synthesized = p->slot >= 0 && relay_frame_synthesized(p->client, (uint32_t)p->slot);
         lg_input_payload(p->index, number, expected);
         p->inputs_checked++;
         if (synthesized || length != LG_INPUT_SIZE || memcmp(data, expected, LG_INPUT_SIZE) != 0) {
@@ -381,20 +469,94 @@ static void serve_player(player_t *p, double now)
             break;
         }
     }
-    while ((status = relay_client_next_frame(p->client, &frame)) == 1)
-        on_frame(p, &frame, now);
+    while ((status = relay_client_next_frame(p->client, &frame)) == 1) {
+        const uint8_t *data = NULL;
+        int length = p->slot >= 0 ? relay_frame_input(p->client, (uint32_t)p->slot, &data) : -1;
+        int synthesized = p->slot >= 0 && relay_frame_synthesized(p->client, (uint32_t)p->slot);
+        on_frame(p, frame.number, frame_hash(p->client, &frame), length, data, synthesized, now);
+    }
     if (status < 0)
         set_error(p, "stream", "broken");
     pull_datagrams(p, now);
     next = relay_client_next_timeout(p->client);
     if (next < 0) {
-        heap_remove(p);
+        timer_remove(p);
     } else {
         /* never due again in the same pass: a timer that stays due cannot spin the loop */
         next = next > now ? next : now + 1e-4;
-        if (p->heap_at < 0 || next != p->timer)
-            schedule(p, next);
+        if (p->wheel_bucket == NO_BUCKET || next != p->timer)
+            schedule(p, next, 0);
     }
+}
+
+/* ---- the minimal client's players ---------------------------------------------------- */
+
+static void mini_control(void *context, mc_player *m, const uint8_t *data, size_t length)
+{
+    static rm_message message;
+    player_t *p = &lg.players[m->index];
+    (void)context;
+    if (rm_decode(data, length, &message) != 1)
+        return;
+    switch (message.type) {
+    case RM_WELCOME:
+        p->welcomed = 1;
+        p->slot = message.slot;
+        break;
+    case RM_REFUSED:
+        set_error(p, "refused", message.code);
+        break;
+    case RM_NOTICE:
+        lg.notices++;
+        set_error(p, "notice", message.code);
+        break;
+    default:
+        break;
+    }
+}
+
+static void mini_frame(void *context, mc_player *m, const uint8_t *data, size_t length, double now)
+{
+    player_t *p = &lg.players[m->index];
+    const rf_frame *frame;
+    int slot_length = -1, synthesized = 0;
+    const uint8_t *slot_data = NULL;
+    (void)context;
+    if (p->failed)
+        return;
+    if (mc_decode_frame(m, data, length, &frame) != RF_OK) {
+        set_error(p, "stream", "broken");
+        return;
+    }
+    if (p->slot >= 0 && (uint32_t)p->slot < frame->slot_count) {
+        slot_length = frame->length[p->slot];
+        slot_data = frame->arena + frame->offset[p->slot];
+        synthesized = frame->synthesized[p->slot >> 3] >> (p->slot & 7) & 1;
+    }
+    on_frame(p, frame->number, rf_frame_hash(frame), slot_length, slot_data, synthesized, now);
+}
+
+static const mc_sink mini_sink = {mini_control, mini_frame, NULL};
+
+/* Timers are lazy: a player's entry moves only when its next deadline comes earlier, or
+ * (forced) when the entry fired; one that fires early finds nothing due and is put back. */
+static void serve_mini(player_t *p, double now, int forced)
+{
+    mc_player *m = &lg.minis[p->index];
+    double next;
+    pull_datagrams(p, now);
+    if ((m->state == MC_CLOSED || m->state == MC_DISCONNECTING) && !p->failed) {
+        char text[64];
+        lg.disconnects++;
+        set_error(p, mc_close_text(m, text, sizeof text), NULL);
+    }
+    next = mc_next_timeout(m);
+    if (next < 0) {
+        timer_remove(p);
+        return;
+    }
+    next = next > now ? next : now + 1e-4;
+    schedule(p, next, !forced);
 }
 
 static void mark_dirty(player_t *p)
@@ -411,7 +573,10 @@ static void serve_dirty(double now)
     for (k = 0; k < lg.dirty_count; k++) {
         player_t *p = &lg.players[lg.dirty[k]];
         p->dirty = 0;
-        serve_player(p, now);
+        if (lg.minimal)
+            serve_mini(p, now, 0);
+        else
+            serve_player(p, now);
     }
     lg.dirty_count = 0;
 }
@@ -436,14 +601,20 @@ static void drain_socket(socket_out_t *s)
     for (rounds = 0; rounds < 16; rounds++) {
         int n, i;
         double now;
-        for (i = 0; i < BATCH; i++) {
-            rx.iov[i].iov_base = rx.buffers[i];
-            rx.iov[i].iov_len = RECV_BUFFER;
-            rx.msgs[i].msg_hdr.msg_name = &rx.from[i];
+        static int ready;
+        if (!ready) {
+            for (i = 0; i < BATCH; i++) {
+                rx.iov[i].iov_base = rx.buffers[i];
+                rx.iov[i].iov_len = RECV_BUFFER;
+                rx.msgs[i].msg_hdr.msg_name = &rx.from[i];
+                rx.msgs[i].msg_hdr.msg_iov = &rx.iov[i];
+                rx.msgs[i].msg_hdr.msg_iovlen = 1;
+                rx.msgs[i].msg_hdr.msg_control = rx.control[i].bytes;
+            }
+            ready = 1;
+        }
+        for (i = 0; i < BATCH; i++) {       /* what recvmmsg changes */
             rx.msgs[i].msg_hdr.msg_namelen = sizeof rx.from[i];
-            rx.msgs[i].msg_hdr.msg_iov = &rx.iov[i];
-            rx.msgs[i].msg_hdr.msg_iovlen = 1;
-            rx.msgs[i].msg_hdr.msg_control = rx.control[i].bytes;
             rx.msgs[i].msg_hdr.msg_controllen = CONTROL_SPACE;
             rx.msgs[i].msg_hdr.msg_flags = 0;
         }
@@ -451,6 +622,8 @@ static void drain_socket(socket_out_t *s)
         if (n <= 0)
             return;
         now = monotonic_now();
+        if (lg.pass_first_rx < 0)
+            lg.pass_first_rx = now;
         for (i = 0; i < n; i++) {
             struct msghdr *m = &rx.msgs[i].msg_hdr;
             struct cmsghdr *c;
@@ -475,7 +648,11 @@ static void drain_socket(socket_out_t *s)
             }
             lg.datagrams_in++;
             lg.bytes_in += rx.msgs[i].msg_len;
-            relay_client_receive(lg.players[index].client, rx.buffers[i], rx.msgs[i].msg_len, now);
+            if (lg.minimal)
+                mc_receive(&lg.minis[index], rx.buffers[i], rx.msgs[i].msg_len, now, &mini_sink);
+            else
+                relay_client_receive(lg.players[index].client, rx.buffers[i], rx.msgs[i].msg_len,
+                                     now);
             mark_dirty(&lg.players[index]);
         }
         serve_dirty(now);
@@ -484,12 +661,49 @@ static void drain_socket(socket_out_t *s)
     }
 }
 
-static void run_timers(double now)
+static void fire(player_t *p, double now)
 {
-    while (lg.heap_size > 0 && lg.players[lg.heap[0]].timer <= now) {
-        player_t *p = &lg.players[lg.heap[0]];
+    if (lg.minimal) {
+        mc_handle_timeout(&lg.minis[p->index], now);
+        serve_mini(p, now, 1);
+    } else {
         relay_client_handle_timeout(p->client, now);
         serve_player(p, now);
+    }
+}
+
+/* Runs the buckets up to now: due entries fire, early ones (lazy, or beyond the wheel) are put
+ * back; the bucket of `now` itself stays current for what is not due yet. */
+static void run_timers(double now)
+{
+    double at = (now - lg.wheel_origin) / WHEEL_TICK;
+    uint32_t now_bucket = at <= (double)lg.wheel_cursor ? lg.wheel_cursor : (uint32_t)at;
+    for (;;) {
+        uint32_t b = lg.wheel_cursor, n, i, kept = 0;
+        struct bucket *k = &lg.wheel[b % WHEEL];
+        n = k->count;
+        for (i = 0; i < n; i++) {
+            player_t *p = &lg.players[k->items[i]];
+            if (p->wheel_bucket != b)
+                continue;                               /* stale */
+            if (p->timer <= now) {
+                if (now - p->timer > lg.timer_late_max)
+                    lg.timer_late_max = now - p->timer;
+                p->wheel_bucket = NO_BUCKET;
+                fire(p, now);
+            } else if (b == now_bucket && bucket_of(p->timer) == b) {
+                k->items[kept++] = p->index;            /* later in this bucket */
+            } else {
+                p->wheel_bucket = NO_BUCKET;
+                schedule(p, p->timer, 0);
+            }
+        }
+        /* entries pushed into this bucket meanwhile follow the kept ones */
+        memmove(k->items + kept, k->items + n, (k->count - n) * sizeof *k->items);
+        k->count = kept + (k->count - n);
+        if (b == now_bucket)
+            return;
+        lg.wheel_cursor++;
     }
 }
 
@@ -505,9 +719,10 @@ static void add_players(uint32_t how_many)
         while (capacity < lg.count + how_many)
             capacity *= 2;
         lg.players = realloc(lg.players, capacity * sizeof *lg.players);
-        lg.heap = realloc(lg.heap, capacity * sizeof *lg.heap);
         lg.dirty = realloc(lg.dirty, capacity * sizeof *lg.dirty);
-        if (!lg.players || !lg.heap || !lg.dirty)
+        if (lg.minimal && !(lg.minis = realloc(lg.minis, capacity * sizeof *lg.minis)))
+            die("out of memory for %u players", capacity);
+        if (!lg.players || !lg.dirty)
             die("out of memory for %u players", capacity);
         lg.capacity = capacity;
     }
@@ -518,10 +733,12 @@ static void add_players(uint32_t how_many)
         p->index = lg.count;
         p->address = player_address(p->index);
         p->slot = -1;
-        p->heap_at = -1;
+        p->wheel_bucket = NO_BUCKET;
+        p->timer = -1;
         lg_sequence_init(&p->sequence);
-        p->client = relay_client_create(&lg.config);
-        if (p->client == NULL)
+        if (lg.minimal)
+            mc_init(&lg.minis[p->index], p->index);
+        else if ((p->client = relay_client_create(&lg.config)) == NULL)
             die("relay_client_create failed for player %u", p->index);
         if (room >= lg.room_count) {
             lg.rooms = realloc(lg.rooms, (room + 1) * sizeof *lg.rooms);
@@ -549,6 +766,23 @@ static void connect_pending(double now)
         lg.connect_tokens -= 1;
         snprintf(room, sizeof room, "%s-%u", lg.room_prefix, p->index / ROOM_SIZE);
         snprintf(name, sizeof name, "p%u", p->index % ROOM_SIZE);
+        if (lg.minimal) {
+            uint8_t join[MC_CONTROL_MAX];
+            int length = rm_encode_join(join, sizeof join, room, name, 0);
+            uint32_t connect_id;
+            do {                            /* splitmix64: a non-zero id per attempt */
+                uint64_t z = (lg.connect_seed += 0x9E3779B97F4A7C15ULL);
+                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+                z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+                connect_id = (uint32_t)(z ^ (z >> 31));
+            } while (connect_id == 0);
+            if (length < 0 || mc_connect(&lg.minis[p->index], connect_id, join, (size_t)length,
+                                         now) != 0)
+                set_error(p, "connect", "JOIN does not fit");
+            p->connected = 1;
+            serve_mini(p, now, 1);
+            continue;
+        }
         if (relay_client_connect(p->client, room, name, 0, NULL, now) != RELAY_OK)
             set_error(p, "connect", "refused by the library");
         p->connected = 1;
@@ -592,6 +826,14 @@ static void collect(totals_t *t)
         t->inputs_checked += p->inputs_checked;
         t->inputs_missing += p->inputs_missing;
         t->inputs_foreign += p->inputs_foreign;
+        if (lg.minimal) {
+            const mc_player *m = &lg.minis[k];
+            t->catchup_blocks += m->blocks;
+            t->block_frames += m->block_frames;
+            t->records_refused += m->refused;
+            t->transport_drops += m->drops;
+            continue;
+        }
         relay_client_get_stats(p->client, &stats);
         t->catchup_blocks += stats.blocks_received;
         t->live_frames_dropped += stats.live_frames_dropped;
@@ -676,10 +918,11 @@ static void json_close(json_t *j, FILE *to)
 
 static const char *io_description(void)
 {
-    static char text[160];
-    snprintf(text, sizeof text, "C loadgen: clients/c sans-I/O core per player, %d sockets, "
+    static char text[200];
+    snprintf(text, sizeof text, "C loadgen: %s per player, %d sockets, "
              "recvmmsg/sendmmsg x %d, IP_PKTINFO source 127.a.b.c per player",
-             lg.socket_count, BATCH);
+             lg.minimal ? "minimal client (mc_player, open mode)"
+                        : "clients/c sans-I/O core", lg.socket_count, BATCH);
     return text;
 }
 
@@ -720,7 +963,9 @@ static void json_memory(json_t *j)
 {
     long rss = rss_bytes();
     json_u64(j, "rss_bytes", (uint64_t)rss);
-    json_u64(j, "client_bytes_allocated", relay_client_memory_size(&lg.config));
+    json_u64(j, "client_bytes_allocated",
+             lg.minimal ? sizeof(mc_player) : relay_client_memory_size(&lg.config));
+    json_u64(j, "player_bytes", sizeof(player_t) + (lg.minimal ? sizeof(mc_player) : 0));
     json_f(j, "rss_per_player", lg.count ? (double)(rss - lg.rss_before_players) / lg.count : 0.0);
 }
 
@@ -747,6 +992,9 @@ static void json_totals(json_t *j, const totals_t *t)
     json_u64(j, "catchup_blocks", t->catchup_blocks);
     json_u64(j, "live_frames_dropped", t->live_frames_dropped);
     json_u64(j, "notices", t->notices);
+    json_u64(j, "block_frames", t->block_frames);
+    json_u64(j, "records_refused", t->records_refused);
+    json_u64(j, "transport_drops", t->transport_drops);
     json_f(j, "cpu", t->cpu);
     json_f(j, "cpu_user", t->cpu_user);
     json_f(j, "cpu_system", t->cpu_system);
@@ -775,6 +1023,8 @@ static void window_start(void)
     for (k = 0; k < lg.count; k++)
         lg.players[k].window_frames = lg.players[k].sequence.frames;
     lg_histogram_clear(&lg.latency);
+    lg.reply_delay_max = lg.reply_delay_sum = lg.timer_late_max = 0;
+    lg.reply_passes = 0;
     lg.window_started = monotonic_now();
 }
 
@@ -809,6 +1059,7 @@ static window_result_t window_end(json_t *j)
     DELTA(bytes_in); DELTA(bytes_out); DELTA(room_mismatches); DELTA(rooms_compared);
     DELTA(frames_unverified); DELTA(kernel_drops); DELTA(send_failures); DELTA(stray_datagrams);
     DELTA(catchup_blocks); DELTA(live_frames_dropped); DELTA(notices);
+    DELTA(block_frames); DELTA(records_refused); DELTA(transport_drops);
     DELTA(cpu); DELTA(cpu_user); DELTA(cpu_system);
 #undef DELTA
     player_counts(&welcomed, &result.running, &result.errors);
@@ -831,6 +1082,9 @@ static window_result_t window_end(json_t *j)
     json_f(j, "latency_p99_ms", lg_histogram_quantile(&lg.latency, 0.99) * 1e3);
     json_f(j, "latency_max_ms", lg.latency.max_seconds * 1e3);
     json_f(j, "cpu_share", seconds > 0 ? result.delta.cpu / seconds : 0.0);
+    json_f(j, "reply_delay_max_ms", lg.reply_delay_max * 1e3);
+    json_f(j, "reply_delay_mean_ms", lg.reply_passes ? lg.reply_delay_sum / lg.reply_passes * 1e3 : 0.0);
+    json_f(j, "timer_late_max_ms", lg.timer_late_max * 1e3);
     json_memory(j);
     lg.window_started = -1;
     return result;
@@ -864,8 +1118,8 @@ static void pump(double max_wait, int stdin_fd, void (*on_stdin)(void))
     int n, i, timeout_ms;
     if (lg.connected_upto < lg.count)
         wait = wait < 0.005 ? wait : 0.005;
-    if (lg.heap_size > 0 && lg.players[lg.heap[0]].timer - now < wait)
-        wait = lg.players[lg.heap[0]].timer - now;
+    if (wait > 0)
+        wait = wheel_next(now, wait) - now;
     timeout_ms = wait <= 0 ? 0 : (int)ceil(wait * 1000);
     n = epoll_wait(lg.epoll_fd, events, MAX_SOCKETS + 1, timeout_ms);
     for (i = 0; i < n; i++) {
@@ -882,6 +1136,14 @@ static void pump(double max_wait, int stdin_fd, void (*on_stdin)(void))
     run_timers(now);
     connect_pending(now);
     flush_all();
+    if (lg.pass_first_rx >= 0) {
+        double delay = monotonic_now() - lg.pass_first_rx;
+        if (delay > lg.reply_delay_max)
+            lg.reply_delay_max = delay;
+        lg.reply_delay_sum += delay;
+        lg.reply_passes++;
+        lg.pass_first_rx = -1;
+    }
 }
 
 /* ---- agent mode ------------------------------------------------------------------------------ */
@@ -1131,14 +1393,18 @@ static void close_all(void)
     double now = monotonic_now();
     uint32_t k;
     /* Tell the relay at once, so that a following measurement starts from a clean server. */
-    for (k = 0; k < lg.connected_upto; k++) {
+    for (k = 0; k < lg.connected_upto && lg.minimal; k++) {
+        mc_disconnect(&lg.minis[k]);
+        pull_datagrams(&lg.players[k], now);
+    }
+    for (k = 0; k < lg.connected_upto && !lg.minimal; k++) {
         if (relay_client_get_state(lg.players[k].client) != RELAY_STATE_IDLE) {
             relay_client_disconnect(lg.players[k].client, now);
             pull_datagrams(&lg.players[k], now);
         }
     }
     flush_all();
-    for (k = 0; k < lg.count; k++)
+    for (k = 0; k < lg.count && !lg.minimal; k++)
         relay_client_destroy(lg.players[k].client);
 }
 
@@ -1166,7 +1432,8 @@ static void usage(void)
 {
     fputs("usage: loadgen_c [--server HOST:PORT] [--players N] [--seconds S] [--json]\n"
           "                 [--agent] [--tick-rate HZ] [--input-delay FRAMES] [--sockets K]\n"
-          "                 [--connect-rate PER_S] [--max-lifetime S]\n", stderr);
+          "                 [--connect-rate PER_S] [--max-lifetime S]\n"
+          "                 [--client minimal|library]\n", stderr);
     exit(2);
 }
 
@@ -1181,6 +1448,7 @@ int main(int argc, char **argv)
     lg.socket_count = 8;
     lg.connect_rate = 4000;
     lg.max_lifetime = 1800;
+    lg.minimal = 1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1197,6 +1465,8 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--sockets") == 0) lg.socket_count = atoi(v);
         else if (strcmp(a, "--connect-rate") == 0) lg.connect_rate = strtod(v, NULL);
         else if (strcmp(a, "--max-lifetime") == 0) lg.max_lifetime = strtod(v, NULL);
+        else if (strcmp(a, "--client") == 0 && strcmp(v, "minimal") == 0) lg.minimal = 1;
+        else if (strcmp(a, "--client") == 0 && strcmp(v, "library") == 0) lg.minimal = 0;
         else usage();
     }
     if (players < 1 || players > MAX_PLAYERS || lg.tick_rate < 1 || lg.input_delay < 1
@@ -1230,6 +1500,11 @@ int main(int argc, char **argv)
     if (relay_client_memory_size(&lg.config) == 0)
         die("invalid client config");
 
+    if (lg.config.mtu < MC_MTU)
+        die("mtu below the minimal client's %d", MC_MTU);
+    lg.connect_seed = (uint64_t)getpid() << 32 ^ (uint64_t)(monotonic_now() * 1e9);
+    lg.wheel_origin = monotonic_now();
+    lg.pass_first_rx = -1;
     lg.window_started = -1;
     lg.connect_refill_at = monotonic_now();
     open_sockets();

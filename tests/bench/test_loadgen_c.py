@@ -1,6 +1,8 @@
-"""The C load generator (benchmarks/loadgen_c): its frame checks catch bad streams, it plays
-rooms against a real ``relay serve`` without losing frames, and it speaks capacity.py's agent
-protocol. Built as capacity.py builds it; a missing compiler or library is a failure."""
+"""The C load generator (benchmarks/loadgen_c): its frame checks catch bad streams, its minimal
+client (minimal.c) decodes and encodes the wire's byte-exact examples, it plays rooms against a
+real ``relay serve`` without losing frames with either client (--client minimal, the default,
+and --client library), and it speaks capacity.py's agent protocol. Built as capacity.py builds
+it; a missing compiler or library is a failure."""
 from __future__ import annotations
 
 import json
@@ -17,7 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.capacity import LOADGEN_C, build_loadgen, c_compiler, least_squares_slope  # noqa: E402
+from benchmarks.capacity import (  # noqa: E402
+    C_CLIENT, LOADGEN_C, build_loadgen, c_compiler, least_squares_slope)
+
+VECTORS = ROOT / "tests" / "vectors"
 
 
 def free_port(kind=socket.SOCK_DGRAM) -> int:
@@ -76,12 +81,73 @@ def test_frame_checks_catch_gaps_duplicates_mismatches_and_foreign_inputs(tmp_pa
     assert result.stdout.strip() == "checks_test: ok"
 
 
-def test_standalone_plays_rooms_without_loss(loadgen, relay_server):
+def test_a_missing_compiler_is_an_error_not_a_skip(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        c_compiler()
+
+
+def test_minimal_client_against_the_wire_vectors(tmp_path):
+    """minimal_test.c decodes every packet of tests/vectors (handshake, DATA with every record
+    kind, the malformed ones with their drop reason) with the minimal client's parser, answers
+    CHALLENGE and ACCEPT as a client, re-encodes DATA headers from ack state, and checks its
+    steady-state loop and the FRAME / INPUT examples of docs/RELAY_PROTOCOL.md section 15."""
+    binary = tmp_path / "minimal_test"
+    subprocess.run([c_compiler(), "-O2", "-std=gnu99", "-Wall", "-Wextra", "-Werror",
+                    "-DRELAY_CLIENT_BUILDING", f"-I{C_CLIENT / 'include'}", f"-I{C_CLIENT / 'src'}",
+                    f"-I{LOADGEN_C}", "-o", str(binary), str(LOADGEN_C / "minimal_test.c"),
+                    str(LOADGEN_C / "minimal.c"), str(LOADGEN_C / "checks.c"),
+                    *map(str, sorted((C_CLIENT / "src").glob("*.c"))), "-lsodium", "-lz", "-lm"],
+                   check=True, capture_output=True, text=True, timeout=300)
+    vectors = [v for name in ("handshake", "data", "malformed")
+               for v in json.loads((VECTORS / f"{name}.json").read_text())["vectors"]]
+    feed = "".join(f"{v['name']} {v['hex']}\n" for v in vectors)
+    result = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "minimal_test: ok"
+    outputs = [json.loads(line) for line in lines[:-1]]
+    assert [o["name"] for o in outputs] == [v["name"] for v in vectors]
+    join = "9401a76c6f6262792d31a5616c696365c2"         # [1, "lobby-1", "alice", false]
+    reencoded = 0
+    for vector, out in zip(vectors, outputs):
+        decoded = vector.get("decoded")
+        if decoded is None:
+            assert out.get("drop") == vector["reason"], (vector["name"], out)
+            continue
+        fields = {k: v for k, v in out.items()
+                  if k not in ("name", "response", "first_data", "reencoded")}
+        assert len(fields) >= 2 and fields == {k: decoded[k] for k in fields}, (vector["name"], out)
+        if decoded["type"] == "challenge":
+            # CONNECT_RESPONSE: the CHALLENGE's bytes 4..27, then our ack delay, 33 ms
+            assert out["response"] == "524c0103" + vector["hex"][8:56] + "2100"
+        if decoded["type"] == "accept":
+            # the first DATA: seq 0, nothing to ack, the JOIN as message 0 of CONTROL
+            data = out["first_data"]
+            assert data[:16] == "524c0106" + vector["hex"][16:24]
+            assert data[16:32] == "00" * 8 and data[40:] == "000000" + "11" + join
+        if "reencoded" in out:
+            expected = vector["hex"]
+            if vector["name"] == "data_non_minimal_varint":
+                expected = expected.replace("8300616263", "03616263")   # senders: shortest form
+            assert out["reencoded"] == expected, vector["name"]
+            reencoded += 1
+    assert reencoded >= 8
+
+
+@pytest.mark.parametrize("client", ["minimal", "library"])
+def test_standalone_plays_rooms_without_loss(loadgen, relay_server, client):
     out = subprocess.run([str(loadgen), "--server", f"127.0.0.1:{relay_server}", "--players", "64",
-                          "--seconds", "3", "--json", "--max-lifetime", "60"],
+                          "--seconds", "3", "--json", "--max-lifetime", "60", "--client", client],
                          capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr + out.stdout
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ("minimal client" in result["io"]) == (client == "minimal")
+    if client == "minimal":
+        # compact: one mc_player per player, no block, nothing refused or dropped
+        assert result["client_bytes_allocated"] <= 2048 and result["player_bytes"] <= 4096
+        assert result["catchup_blocks"] == 0 and result["transport_drops"] == 0
     assert result["all_running"] and result["checks_passed"]
     assert result["players"] == 64 and result["running"] == 64 and result["errors"] == 0
     assert result["lost_frames"] == 0 and result["gaps"] == 0 and result["duplicates"] == 0
