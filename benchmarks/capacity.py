@@ -84,6 +84,8 @@ CONTENDED = 0.10
 # that step does not count. (When the ticks themselves are late, late inputs follow from late
 # frames: the step fails on lateness as usual.)
 LATE_INPUT_LIMIT = 0.001
+LOADER_BUSY = 0.8
+"""A loader's CPU share from which late inputs are blamed on it (the step is loader-bound)."""
 """Busy share of the server's core beyond the server's own: another process was running there."""
 
 
@@ -519,7 +521,7 @@ def py_spy_binary() -> Optional[str]:
 
 def loader_lateness(late_inputs: int, players: int, seconds: float) -> tuple[float, bool]:
     """(late inputs as a share of the inputs the players owe, whether that is over
-    LATE_INPUT_LIMIT: the load generator could not keep up)."""
+    LATE_INPUT_LIMIT: the load generator, or the relay, could not keep up)."""
     owed = players * TICK_RATE * seconds
     if owed <= 0:
         return 0.0, False
@@ -596,8 +598,14 @@ def measure_step(target, loader: LineProcess, players: int, seconds: float, idle
     rcvbuf = snmp_after.get("RcvbufErrors", 0) - snmp_before.get("RcvbufErrors", 0)
     # Late inputs are accepted into a later frame; a late one whose slot there is taken is
     # refused (the load generator sends nothing else a relay refuses).
-    late_share_inputs, loader_bound = loader_lateness(
+    late_share_inputs, inputs_late = loader_lateness(
         int(delta["late_inputs"] + delta["refused_inputs"]), players, wall)
+    # Late inputs measure the loader only while it is near its core; with a loader well below
+    # that, they mean the relay fell behind (its frames went out late, or it read late).
+    loader_bound = inputs_late and loader_share >= LOADER_BUSY
+    if inputs_late and not loader_bound:
+        reasons.append(f"{late_share_inputs:.2%} of the inputs owed reached the relay after their "
+                       f"frame closed with the loader at {loader_share:.0%} of its core")
     return {
         "players": players, "rooms": players // ROOM_SIZE, "seconds": round(wall, 3),
         "passed": not reasons, "reasons": reasons,
