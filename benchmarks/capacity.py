@@ -363,13 +363,19 @@ class RelayTarget:
     name = "relay"
 
     def __init__(self, max_players: int, cpu: Optional[int], loader: Optional[Path] = None,
-                 loader_client: str = "minimal"):
+                 loader_client: str = "minimal", security: str = "open"):
         self.loader = loader
         """The C load generator's binary (build_loadgen); None: benchmarks/loadgen.py."""
         self.loader_client = loader_client
         """The C load generator's client: minimal (its own, compact) or library (clients/c)."""
+        self.security = security
+        """open, or token: keys, a token per player, every session packet sealed."""
         self.udp_port, self.http_port = free_port(), free_port(socket.SOCK_STREAM)
         self.replay_dir = tempfile.mkdtemp(prefix="capacity-replays-")
+        self.room_prefix = f"capt{os.getpid()}-{self.udp_port}"
+        token_env = {}
+        if security == "token":
+            token_env = self._token_mode(max_players)
         env = dict(os.environ,
                    RELAY_SERVER_UDP_HOST="127.0.0.1", RELAY_SERVER_UDP_PORT=str(self.udp_port),
                    RELAY_SERVER_HTTP_HOST="127.0.0.1", RELAY_SERVER_HTTP_PORT=str(self.http_port),
@@ -383,7 +389,8 @@ class RelayTarget:
                    # their own 127.a.b.c): the per-source handshake rate limit (100/s, burst
                    # 200 by default) would refuse most of a ramp step.
                    RELAY_SECURITY_HANDSHAKE_RATE="0",
-                   RELAY_REPLAY_ENABLED="false", RELAY_REPLAY_DIRECTORY=self.replay_dir)
+                   RELAY_REPLAY_ENABLED="false", RELAY_REPLAY_DIRECTORY=self.replay_dir,
+                   **token_env)
         env.pop("RELAY_CONFIG", None)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env,
@@ -434,10 +441,35 @@ class RelayTarget:
             "frames_closed": raw.get("relay_frames_closed_total", 0.0),
         }
 
+    def _token_mode(self, max_players: int) -> dict:
+        """A key for the relay and one single-use token per player the ramp may add (room
+        PREFIX-<i / 8>, player p<i % 8>, as the C loader names them), in the replay directory;
+        the relay's environment for token mode with sealed packets."""
+        import base64
+
+        from relay_core.token import generate_key, mint_token
+
+        key = generate_key()
+        keys = Path(self.replay_dir) / "keys.toml"
+        keys.write_text(f'1 = "{base64.b64encode(key).decode("ascii")}"\n')
+        keys.chmod(0o600)
+        self.tokens = Path(self.replay_dir) / "tokens.txt"
+        with open(self.tokens, "w") as out:
+            for i in range(max_players + ROOM_SIZE):
+                token = mint_token(key, 1, f"{self.room_prefix}-{i // ROOM_SIZE}",
+                                   f"p{i % ROOM_SIZE}", 3600.0)
+                out.write(token.encode() + "\n")
+        return {"RELAY_SECURITY_MODE": "token", "RELAY_SECURITY_KEYS_FILE": str(keys),
+                "RELAY_SECURITY_ENCRYPT_PACKETS": "true"}
+
     def loader_argv(self) -> list[str]:
         if self.loader is not None:
-            return [str(self.loader), "--agent", "--server", f"127.0.0.1:{self.udp_port}",
-                    "--tick-rate", str(TICK_RATE), "--client", self.loader_client]
+            argv = [str(self.loader), "--agent", "--server", f"127.0.0.1:{self.udp_port}",
+                    "--tick-rate", str(TICK_RATE), "--client", self.loader_client,
+                    "--room-prefix", self.room_prefix]
+            if self.security == "token":
+                argv += ["--tokens", str(self.tokens)]
+            return argv
         return [sys.executable, str(HERE / "loadgen.py"), "--agent", "--server",
                 f"127.0.0.1:{self.udp_port}", "--tick-rate", str(TICK_RATE)]
 
@@ -1039,7 +1071,10 @@ def format_report(report: dict) -> str:
                  f"{TICK_RATE} Hz, 16-byte inputs; CPU share = the process's user + system CPU time "
                  f"(softirq work done in its context included) / wall time")
     lines.append("  relay serve runs with RELAY_SECURITY_HANDSHAKE_RATE=0 (no per-source handshake "
-                 "limit: the Python loader's bots all connect from 127.0.0.1), open mode, replays off; "
+                 "limit: the Python loader's bots all connect from 127.0.0.1), "
+                 + ("token mode (a token per player, every session packet sealed)"
+                    if report['settings'].get('security') == "token" else "open mode")
+                 + ", replays off; "
                  f"loader: {report['settings'].get('loader', 'python')}"
                  + (f" ({report['settings']['loader_client']} client)"
                     if report['settings'].get('loader_client') else ""))
@@ -1164,6 +1199,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader-client", choices=("minimal", "library"), default="minimal",
                         help="--loader c: each player a compact minimal client (default) or a "
                              "relay_client_t of the C client library (clients/c), the cross-check")
+    parser.add_argument("--security", choices=("open", "token"), default="open",
+                        help="the relay's security mode (default open); token: a connect token per "
+                             "player and every session packet sealed (needs --loader c "
+                             "--loader-client library)")
     parser.add_argument("--points", metavar="N,N,...",
                         help="cost growth instead of the relay's ramp: measure the relay at each "
                              "of these player counts (e.g. 1024,2048,4096,8192), one window each, "
@@ -1172,13 +1211,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--points: players added per add command (default 512)")
 
 
-def relay_factory(work: Optional[Path], loader_client: str = "minimal"):
+def relay_factory(work: Optional[Path], loader_client: str = "minimal", security: str = "open"):
     """What ramp() and measure_points() start for the relay: ``relay serve`` with the C load
-    generator built into ``work`` (None: benchmarks/loadgen.py), its players of loader_client."""
+    generator built into ``work`` (None: benchmarks/loadgen.py), its players of loader_client,
+    in open or token mode."""
     binary = build_loadgen(work) if work is not None else None
 
     def start(max_players: int, cpu: Optional[int]) -> RelayTarget:
-        return RelayTarget(max_players, cpu, binary, loader_client)
+        return RelayTarget(max_players, cpu, binary, loader_client, security)
     start.name = "relay"            # type: ignore[attr-defined]
     return start
 
@@ -1195,6 +1235,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = parts - {"relay", "echo", "enet"}
     if unknown or not parts:
         print(f"capacity: unknown part(s) {sorted(unknown)}; use relay, echo, enet", file=sys.stderr)
+        return 2
+    if args.security == "token" and (args.loader != "c" or args.loader_client != "library"):
+        print("capacity: --security token needs --loader c --loader-client library (the minimal "
+              "client and the Python loader speak open mode only)", file=sys.stderr)
         return 2
     if args.start < 1 or args.step < 1 or args.max_players < args.start:
         print("capacity: need 1 <= --start <= --max-players and --step >= 1", file=sys.stderr)
@@ -1233,7 +1277,8 @@ def run(args: argparse.Namespace) -> int:
                                  "tick_rate": TICK_RATE, "room_size": ROOM_SIZE,
                                  "lateness_limit_ms": LATENESS_LIMIT * 1000,
                                  "loader": args.loader, "points": points or None,
-                                 "loader_client": args.loader_client if args.loader == "c" else None},
+                                 "loader_client": args.loader_client if args.loader == "c" else None,
+                                 "security": args.security},
                     "ramps": {}, "summary": {}}
     profile_dir = Path(tempfile.mkdtemp(prefix="capacity-profile-")) if args.profile else None
     server_cpu = SERVER_CPU if SERVER_CPU in cpus_available() else None
@@ -1274,7 +1319,7 @@ def run(args: argparse.Namespace) -> int:
                 if part == "relay":
                     try:
                         factory = relay_factory(work if args.loader == "c" else None,
-                                                args.loader_client)
+                                                args.loader_client, args.security)
                     except Exception as error:
                         report["ramps"]["relay"] = {"steps": [], "error": str(error),
                                                     "stopped_because": "no load generator"}

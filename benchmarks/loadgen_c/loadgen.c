@@ -103,6 +103,8 @@ static struct {
     int tick_rate, input_delay, socket_count;
     double connect_rate, max_lifetime;
     char room_prefix[40];
+    char **tokens;                  /* --tokens: player i connects with tokens[i] (token mode) */
+    uint32_t token_count;
     relay_client_config_t config;
     int minimal;                    /* --client minimal: mc_player per player (minimal.h) */
     mc_player *minis;               /* one contiguous array, indexed like players */
@@ -783,8 +785,13 @@ static void connect_pending(double now)
             serve_mini(p, now, 1);
             continue;
         }
-        if (relay_client_connect(p->client, room, name, 0, NULL, now) != RELAY_OK)
+        if (lg.tokens != NULL && p->index >= lg.token_count) {
+            set_error(p, "connect", "no token left for this player (--tokens)");
+        } else if (relay_client_connect(p->client, room, name, 0,
+                                        lg.tokens != NULL ? lg.tokens[p->index] : NULL,
+                                        now) != RELAY_OK) {
             set_error(p, "connect", "refused by the library");
+        }
         p->connected = 1;
         serve_player(p, now);
     }
@@ -1428,12 +1435,42 @@ static void parse_server(const char *text)
     lg.server.sin_port = htons((uint16_t)port);
 }
 
+/* --tokens FILE: connect tokens ("rt1..." text), one per line, minted for rooms
+ * PREFIX-<i / 8> and players p<i % 8> (benchmarks/capacity.py --security token writes it). */
+static void read_tokens(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    uint32_t capacity = 0;
+    if (f == NULL)
+        die("--tokens %s: %s", path, strerror(errno));
+    while (fgets(line, sizeof line, f) != NULL) {
+        size_t n = strcspn(line, "\r\n");
+        if (n == 0)
+            continue;
+        line[n] = 0;
+        if (lg.token_count == capacity) {
+            capacity = capacity ? 2 * capacity : 1024;
+            if (!(lg.tokens = realloc(lg.tokens, capacity * sizeof *lg.tokens)))
+                die("out of memory for %u tokens", capacity);
+        }
+        if (!(lg.tokens[lg.token_count++] = strdup(line)))
+            die("out of memory for tokens");
+    }
+    fclose(f);
+    if (lg.token_count == 0)
+        die("--tokens %s: no token in it", path);
+}
+
 static void usage(void)
 {
     fputs("usage: loadgen_c [--server HOST:PORT] [--players N] [--seconds S] [--json]\n"
           "                 [--agent] [--tick-rate HZ] [--input-delay FRAMES] [--sockets K]\n"
           "                 [--connect-rate PER_S] [--max-lifetime S]\n"
-          "                 [--client minimal|library]\n", stderr);
+          "                 [--client minimal|library] [--room-prefix PREFIX]\n"
+          "                 [--tokens FILE (token mode, library client: one token per line,\n"
+          "                  player i takes line i; rooms PREFIX-<i / 8>, players p<i % 8>)]\n",
+          stderr);
     exit(2);
 }
 
@@ -1442,6 +1479,7 @@ int main(int argc, char **argv)
     uint32_t players = 64;
     double seconds = 10.0, deadline;
     int as_json = 0, agent_mode = 0, i, status;
+    const char *room_prefix = NULL, *tokens_path = NULL;
     parse_server("127.0.0.1:7777");
     lg.tick_rate = 30;
     lg.input_delay = 2;
@@ -1467,7 +1505,14 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--max-lifetime") == 0) lg.max_lifetime = strtod(v, NULL);
         else if (strcmp(a, "--client") == 0 && strcmp(v, "minimal") == 0) lg.minimal = 1;
         else if (strcmp(a, "--client") == 0 && strcmp(v, "library") == 0) lg.minimal = 0;
+        else if (strcmp(a, "--room-prefix") == 0) room_prefix = v;
+        else if (strcmp(a, "--tokens") == 0) tokens_path = v;
         else usage();
+    }
+    if (tokens_path != NULL) {
+        if (lg.minimal)
+            die("--tokens needs --client library (the minimal client speaks open mode only)");
+        read_tokens(tokens_path);
     }
     if (players < 1 || players > MAX_PLAYERS || lg.tick_rate < 1 || lg.input_delay < 1
         || lg.input_delay > SENT_RING / 2 || lg.socket_count < 1 || lg.socket_count > MAX_SOCKETS
@@ -1480,8 +1525,14 @@ int main(int argc, char **argv)
     if (!(lg.max_lifetime > 0) || lg.max_lifetime > 3600)
         lg.max_lifetime = 3600;
     deadline = monotonic_now() + lg.max_lifetime;
-    snprintf(lg.room_prefix, sizeof lg.room_prefix, "capc%d-%ld", (int)getpid(),
-             (long)(time(NULL) % 100000));
+    if (room_prefix != NULL) {
+        if (strlen(room_prefix) >= sizeof lg.room_prefix)
+            die("--room-prefix longer than %zu bytes", sizeof lg.room_prefix - 1);
+        snprintf(lg.room_prefix, sizeof lg.room_prefix, "%s", room_prefix);
+    } else {
+        snprintf(lg.room_prefix, sizeof lg.room_prefix, "capc%d-%ld", (int)getpid(),
+                 (long)(time(NULL) % 100000));
+    }
 
     /* Small buffers: a room of 8 with 16-byte inputs makes ~200-byte frames, and rooms start
      * full (no history to fetch), so the defaults' megabytes per client would only be address

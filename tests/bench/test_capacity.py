@@ -236,3 +236,14 @@ def test_a_step_whose_loader_falls_behind_is_flagged(players, seconds, late, bou
     share, loader_bound = capacity.loader_lateness(late, players, seconds)
     assert loader_bound is bound
     assert share == pytest.approx(late / (players * 30 * seconds))
+
+
+@pytest.mark.parametrize("argv", [["--security", "token"],
+                                  ["--security", "token", "--loader", "python"],
+                                  ["--security", "token", "--loader-client", "minimal"]])
+def test_token_mode_needs_the_library_client(argv, capsys):
+    """Only the C library's client speaks token mode: any other loader is refused up front
+    (exit 2) rather than measuring a relay whose players cannot connect."""
+    capacity = load_capacity_module()
+    assert capacity.main(["--quick", "--parts", "relay"] + argv) == 2
+    assert "--security token needs --loader c --loader-client library" in capsys.readouterr().err

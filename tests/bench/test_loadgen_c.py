@@ -40,8 +40,12 @@ def loadgen(tmp_path_factory) -> Path:
 def relay_server(tmp_path):
     """``relay serve`` on loopback as capacity.py starts it: rooms of 8 that start full,
     replays off, no per-source handshake limit."""
+    yield from serve_relay(tmp_path, {})
+
+
+def serve_relay(tmp_path, settings: dict):
     udp, http = free_port(), free_port(socket.SOCK_STREAM)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **settings,
            "RELAY_SERVER_UDP_HOST": "127.0.0.1", "RELAY_SERVER_UDP_PORT": str(udp),
            "RELAY_SERVER_HTTP_HOST": "127.0.0.1", "RELAY_SERVER_HTTP_PORT": str(http),
            "RELAY_SERVER_TICK_RATE": "30", "RELAY_SERVER_LOG_LEVEL": "warning",
@@ -162,6 +166,45 @@ def test_standalone_plays_rooms_without_loss(loadgen, relay_server, client):
     assert result["latency_samples"] > 0
     assert 0 < latency[0] <= latency[1] <= latency[2] <= latency[3] < 1000
     assert result["cpu"] > 0 and result["rss_per_player"] > 0
+
+
+def test_library_players_connect_with_tokens_to_a_token_mode_relay(loadgen, tmp_path):
+    """--tokens: player i connects with line i; every session packet is sealed; a player
+    without a token of its own fails by name instead of connecting in the clear."""
+    import base64
+
+    from relay_core.token import generate_key, mint_token
+
+    key = generate_key()
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'1 = "{base64.b64encode(key).decode()}"\n')
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("".join(mint_token(key, 1, f"tok-{i // 8}", f"p{i % 8}", 600.0).encode() + "\n"
+                              for i in range(16)))
+    server = serve_relay(tmp_path, {"RELAY_SECURITY_MODE": "token",
+                                    "RELAY_SECURITY_KEYS_FILE": str(keys)})
+    udp = next(server)
+    try:
+        def run(players: int):
+            out = subprocess.run([str(loadgen), "--server", f"127.0.0.1:{udp}", "--players",
+                                  str(players), "--seconds", "2", "--json", "--max-lifetime", "60",
+                                  "--client", "library", "--room-prefix", "tok",
+                                  "--tokens", str(tokens)],
+                                 capture_output=True, text=True, timeout=90)
+            return out, json.loads(out.stdout.strip().splitlines()[-1])
+
+        out, result = run(16)
+        assert out.returncode == 0, out.stderr + out.stdout
+        assert result["running"] == 16 and result["errors"] == 0 and result["lost_frames"] == 0
+        assert result["room_mismatches"] == 0 and result["frames"] >= 16 * 55
+        # The tokens are spent: the same ones again are refused (token_used), never let in.
+        out, result = run(8)
+        assert out.returncode == 1 and result["running"] == 0 and result["errors"] == 8
+    finally:
+        next(server, None)
+    with pytest.raises(subprocess.CalledProcessError):      # open-mode-only client
+        subprocess.run([str(loadgen), "--client", "minimal", "--tokens", str(tokens)],
+                       capture_output=True, check=True, timeout=30)
 
 
 def test_agent_protocol_as_capacity_drives_it(loadgen, relay_server):
