@@ -845,6 +845,30 @@ def measure_points(target_factory, points: list[int], settings: RampSettings, ad
     return out
 
 
+SEALED_RATIO = 0.8
+SEALED_TARGET = f"sealed throughput >= {SEALED_RATIO}x open (CPU per player-tick, token mode)"
+
+
+def sealed_target(open_points: dict, sealed_points: dict) -> dict:
+    """Token mode against open mode at each count both measured without a lost frame: open CPU
+    per player-tick / sealed (a player costs that much more sealed); PASS when the lowest ratio
+    is at least SEALED_RATIO."""
+    sealed_by_count = {r["players"]: r for r in sealed_points["rows"] if r["lost_frames"] == 0}
+    ratios = []
+    for row in open_points["rows"]:
+        sealed = sealed_by_count.get(row["players"])
+        if row["lost_frames"] == 0 and sealed is not None and sealed["server_us_per_player_tick"] > 0:
+            ratios.append((row["players"],
+                           row["server_us_per_player_tick"] / sealed["server_us_per_player_tick"]))
+    if not ratios:
+        return {"target": SEALED_TARGET, "result": "n/a",
+                "detail": "no count measured in both modes without a lost frame"}
+    worst = min(ratio for _, ratio in ratios)
+    return {"target": SEALED_TARGET, "result": "PASS" if worst >= SEALED_RATIO else "FAIL",
+            "value": round(worst, 3), "limit": SEALED_RATIO,
+            "detail": ", ".join(f"{players}: {ratio:.2f}x" for players, ratio in ratios)}
+
+
 def format_points(points: dict) -> list[str]:
     lines = [f"relay cost growth: loader {points.get('loader_io', '')}",
              f"  {'players':>7} {'user us':>8} {'kern us':>8} {'us/pl-tick':>10} {'KiB/pl':>7} "
@@ -1133,6 +1157,10 @@ def format_report(report: dict) -> str:
     if report.get("points"):
         lines.append("")
         lines.extend(format_points(report["points"]))
+    if report.get("points_sealed"):
+        lines.append("")
+        lines.append("token mode (every session packet sealed):")
+        lines.extend(format_points(report["points_sealed"]))
     echo = report.get("echo")
     if echo:
         lines.append("")
@@ -1199,10 +1227,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loader-client", choices=("minimal", "library"), default="minimal",
                         help="--loader c: each player a compact minimal client (default) or a "
                              "relay_client_t of the C client library (clients/c), the cross-check")
-    parser.add_argument("--security", choices=("open", "token"), default="open",
+    parser.add_argument("--security", choices=("open", "token", "both"), default="open",
                         help="the relay's security mode (default open); token: a connect token per "
                              "player and every session packet sealed (needs --loader c "
-                             "--loader-client library)")
+                             "--loader-client library); both (with --points): each count open, "
+                             "then sealed, judged by the sealed/open throughput target")
     parser.add_argument("--points", metavar="N,N,...",
                         help="cost growth instead of the relay's ramp: measure the relay at each "
                              "of these player counts (e.g. 1024,2048,4096,8192), one window each, "
@@ -1236,9 +1265,13 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not parts:
         print(f"capacity: unknown part(s) {sorted(unknown)}; use relay, echo, enet", file=sys.stderr)
         return 2
-    if args.security == "token" and (args.loader != "c" or args.loader_client != "library"):
-        print("capacity: --security token needs --loader c --loader-client library (the minimal "
-              "client and the Python loader speak open mode only)", file=sys.stderr)
+    if args.security != "open" and (args.loader != "c" or args.loader_client != "library"):
+        print(f"capacity: --security {args.security} needs --loader c --loader-client library (the "
+              f"minimal client and the Python loader speak open mode only)", file=sys.stderr)
+        return 2
+    if args.security == "both" and not args.points:
+        print("capacity: --security both compares at --points (e.g. --points 1024,2048)",
+              file=sys.stderr)
         return 2
     if args.start < 1 or args.step < 1 or args.max_players < args.start:
         print("capacity: need 1 <= --start <= --max-players and --step >= 1", file=sys.stderr)
@@ -1319,7 +1352,8 @@ def run(args: argparse.Namespace) -> int:
                 if part == "relay":
                     try:
                         factory = relay_factory(work if args.loader == "c" else None,
-                                                args.loader_client, args.security)
+                                                args.loader_client,
+                                                "open" if args.security == "both" else args.security)
                     except Exception as error:
                         report["ramps"]["relay"] = {"steps": [], "error": str(error),
                                                     "stopped_because": "no load generator"}
@@ -1335,6 +1369,12 @@ def run(args: argparse.Namespace) -> int:
                         f"{step_seconds:g} s each, players added {args.add_step} at a time")
                     report["points"] = measure_points(factory, points, settings, args.add_step, log)
                     points_error = report["points"]["error"]
+                    if args.security == "both" and not points_error:
+                        log("relay: the same counts in token mode, every session packet sealed")
+                        sealed = relay_factory(work, args.loader_client, "token")
+                        report["points_sealed"] = measure_points(sealed, points, settings,
+                                                                 args.add_step, log)
+                        points_error = report["points_sealed"]["error"]
                     continue
                 log(f"{part}: ramping from {args.start} by {args.step} to at most {args.max_players} "
                     f"players, {step_seconds:g} s per step")
@@ -1368,6 +1408,8 @@ def run(args: argparse.Namespace) -> int:
     echo = report.get("echo") if report.get("echo") and not report["echo"].get("error") else None
     report["targets"] = evaluate_targets(report["summary"].get("relay"), echo,
                                          report["summary"].get("enet"))
+    if report.get("points_sealed"):
+        report["targets"].append(sealed_target(report["points"], report["points_sealed"]))
     report["load_average_end"] = loadavg()
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     if not quiet:
@@ -1383,7 +1425,10 @@ def run(args: argparse.Namespace) -> int:
     if any(r.error for r in results.values()) or (echo is None and "echo" in parts) or points_error:
         return 2
     if points:
-        return 0            # cost growth has no targets of its own; the ramp judges capacity
+        # Cost growth has no targets of its own (the ramp judges capacity), but the sealed/open
+        # comparison has one.
+        sealed = [t for t in report["targets"] if t["target"] == SEALED_TARGET]
+        return 0 if all(t["result"] == "PASS" for t in sealed) else 1
     return 0 if all(t["result"] == "PASS" for t in report["targets"]) else 1
 
 

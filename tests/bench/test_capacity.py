@@ -246,4 +246,27 @@ def test_token_mode_needs_the_library_client(argv, capsys):
     (exit 2) rather than measuring a relay whose players cannot connect."""
     capacity = load_capacity_module()
     assert capacity.main(["--quick", "--parts", "relay"] + argv) == 2
-    assert "--security token needs --loader c --loader-client library" in capsys.readouterr().err
+    assert "needs --loader c --loader-client library" in capsys.readouterr().err
+
+
+def test_the_sealed_target_compares_counts_measured_in_both_modes_without_loss():
+    capacity = load_capacity_module()
+
+    def points(*rows):
+        return {"rows": [{"players": players, "server_us_per_player_tick": cost, "lost_frames": lost}
+                         for players, cost, lost in rows]}
+
+    open_ = points((1024, 8.0, 0), (2048, 8.0, 0), (4096, 9.0, 5))
+    passed = capacity.sealed_target(open_, points((1024, 9.0, 0), (2048, 9.5, 0), (4096, 20.0, 0)))
+    assert passed["result"] == "PASS" and passed["value"] == round(8.0 / 9.5, 3)
+    assert "4096" not in passed["detail"]           # lost frames in open mode: not compared
+    failed = capacity.sealed_target(open_, points((1024, 9.0, 0), (2048, 10.5, 0)))
+    assert failed["result"] == "FAIL" and failed["value"] == round(8.0 / 10.5, 3)
+    assert capacity.sealed_target(open_, points((1024, 9.0, 3)))["result"] == "n/a"
+
+
+def test_both_security_modes_need_points(capsys):
+    capacity = load_capacity_module()
+    assert capacity.main(["--quick", "--parts", "relay", "--loader-client", "library",
+                          "--security", "both"]) == 2
+    assert "--security both compares at --points" in capsys.readouterr().err
