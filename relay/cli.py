@@ -11,6 +11,7 @@ import sys
 import time
 
 import relay
+from relay.exits import EXIT_BROKEN_PIPE, run_command  # noqa: F401  (cli.EXIT_BROKEN_PIPE beside EXIT_CONFIG, EXIT_LISTEN)
 
 
 def _info(_args: argparse.Namespace) -> int:
@@ -373,30 +374,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="print the version and the compiled core in use").set_defaults(func=_info)
     args = parser.parse_args(argv)
     return run_command(args.func, args)
-
-
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
-"""What a shell reports for a program ended by SIGPIPE, as `cat FILE | head` gives cat."""
-
-
-def run_command(func, args: argparse.Namespace) -> int:
-    """``func(args)``, quiet when stdout's reader goes away (``relay replay inspect --json F |
-    head``): no BrokenPipeError traceback, the status of a command ended by SIGPIPE."""
-    try:
-        status = func(args)
-        sys.stdout.flush()      # inside the try: a buffered write fails only here
-        return status
-    except BrokenPipeError:
-        # Python ignores SIGPIPE, so the write raised; the interpreter's final flush would
-        # fail again and print "Exception ignored": point stdout at /dev/null first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        except (AttributeError, OSError, ValueError):     # stdout is no real file (tests)
-            pass
-        finally:
-            os.close(devnull)
-        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import structlog
 
@@ -71,6 +72,28 @@ def configure(level: str = "info", fmt: str = "text", stream=None) -> None:
 
 def get_logger(name: str = "relay"):
     return structlog.get_logger(name)
+
+
+LIMIT_LOG_INTERVAL = 10.0
+"""Seconds between log lines about one kind of refusal or drop at a limit (each is counted)."""
+
+
+class LimitLog:
+    """Logs a repeated event (a cap hit, a flood of refusals) at most once per interval per
+    kind, with how many happened since the last line, so a flood cannot flood the log."""
+
+    def __init__(self, log, interval: float = LIMIT_LOG_INTERVAL):
+        self.log = log
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def __call__(self, event: str, kind: str, count: int = 1, **fields) -> None:
+        self._count[kind] = self._count.get(kind, 0) + count
+        now = time.monotonic()
+        if now - self._last.get(kind, -self.interval) >= self.interval:
+            self.log.warning(event, reason=kind, count=self._count.pop(kind), **fields)
+            self._last[kind] = now
 
 
 # Until someone configures structlog (the CLI does, with the configured level and format), the

@@ -85,6 +85,7 @@ from typing import Any, Generator, Iterator, Optional
 
 import msgpack
 
+from relay.exits import run_command
 from relay.protocol import FRAME, Frame, FrameDecoder, ProtocolError
 
 MAGIC = b"RLREPLAY2\n"
@@ -1154,8 +1155,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     """``relay replay inspect FILE [--json]`` or ``relay replay desync FILE --frame N``: 0 on
     success, 1 for a missing or bad file."""
-    from relay.cli import run_command
-
     parser = argparse.ArgumentParser(prog="relay replay", description="Replay files")
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -19,7 +19,7 @@ from relay.server.agones import AgonesClient
 from relay.config import RelayConfig, is_loopback
 from relay.errors import ListenError
 from relay.server.lobby import LOBBY_EVENTS, Lobby
-from relay.logs import get_logger
+from relay.logs import LimitLog, get_logger
 from relay.server.metrics import Metrics
 from relay.server.recording import ReplayRecorder
 from relay.server.room import RUNNING, WAITING, Room, RoomEvent
@@ -47,28 +47,6 @@ GC_THRESHOLD = 20_000
 RTT_SAMPLES_PER_SYNC = 256
 """Peers' smoothed RTTs observed into relay_peer_rtt_seconds per stats pass (once a second);
 with more peers than this they take turns."""
-
-LIMIT_LOG_INTERVAL = 10.0
-"""Seconds between log lines about one kind of refusal or drop at a limit (each is counted)."""
-
-
-class LimitLog:
-    """Logs a repeated event (a cap hit, a flood of refusals) at most once per interval per
-    kind, with how many happened since the last line, so a flood cannot flood the log."""
-
-    def __init__(self, log, interval: float = LIMIT_LOG_INTERVAL):
-        self.log = log
-        self.interval = interval
-        self._last: dict[str, float] = {}
-        self._count: dict[str, int] = {}
-
-    def __call__(self, event: str, kind: str, count: int = 1, **fields) -> None:
-        self._count[kind] = self._count.get(kind, 0) + count
-        now = time.monotonic()
-        if now - self._last.get(kind, -self.interval) >= self.interval:
-            self.log.warning(event, reason=kind, count=self._count.pop(kind), **fields)
-            self._last[kind] = now
-
 
 class RelayServer:
     def __init__(self, config: RelayConfig, metrics: Optional[Metrics] = None):

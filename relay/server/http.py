@@ -135,8 +135,7 @@ def raise_fd_limit(target: int = FD_LIMIT_TARGET) -> tuple[int, int]:
 
 
 def _default_limit_log() -> Callable[..., None]:
-    from relay.logs import get_logger
-    from relay.server.daemon import LimitLog
+    from relay.logs import LimitLog, get_logger
 
     return LimitLog(get_logger("relay.server.http"))
 

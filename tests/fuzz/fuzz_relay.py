@@ -91,7 +91,8 @@ from relay.errors import RelayError
 from relay.protocol import CONTROL, STREAM, Input, ProtocolError
 from relay.server.room import ENDED
 from relay.server.scheduler import MAX_CATCH_UP_TICKS
-from relay.server.daemon import LimitLog, RelayServer
+from relay.logs import LimitLog
+from relay.server.daemon import RelayServer
 from relay_core import BlockReceived, Endpoint, MessageReceived, PeerConnected, PeerDisconnected
 from relay_core.token import mint_token
 
