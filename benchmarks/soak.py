@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import base64
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -423,15 +424,18 @@ class Soak:
                 self.stalls += 1
 
     async def sampler(self) -> None:
+        """A sample every --sample-seconds on a fixed schedule from the start: the time a sample
+        takes (a /health request, /proc reads) must not push later samples out of the run."""
         loop = asyncio.get_running_loop()
-        while True:
+        first = loop.time()
+        for index in itertools.count(1):
             point = await loop.run_in_executor(None, self.sample)
             if self.args.progress:
                 print(f"[{point['t']:7.0f} s] rss {point['rss_kib']} KiB  fds {point['fds']}  "
                       f"peers {point['peers']}  rooms {point['rooms']}  frames {self.tally.frames}  "
                       f"lost {self.tally.frames_lost}  disconnects {len(self.tally.unexpected_disconnects)}  "
                       f"client stall max {self.max_stall:.2f} s", flush=True)
-            await asyncio.sleep(self.args.sample_seconds)
+            await asyncio.sleep(max(0.0, first + index * self.args.sample_seconds - loop.time()))
 
     async def run(self) -> None:
         args = self.args
@@ -449,6 +453,9 @@ class Soak:
         try:
             rooms = [SoakRoom(self, index) for index in range(args.rooms)]
             await asyncio.gather(*[room.run(deadline) for room in rooms])
+            sampler.cancel()
+            # The end of the churn, whatever the schedule's phase: the point leaks show first.
+            await loop.run_in_executor(None, self.sample)
         finally:
             sampler.cancel()
             watcher.cancel()
