@@ -345,6 +345,10 @@ class SecuritySettings:
     address); the rest are dropped as rate_limited. 0: unlimited."""
     handshake_burst: int = 200
     """Handshake packets one source address may send at once before handshake_rate applies."""
+    handshake_budget: float = 20000.0
+    """Handshake packets answered per second over all sources together; the rest of a flood of
+    forged handshakes is dropped as handshake_budget, a client's resends first in line. 0:
+    unlimited."""
     admin_token: str = ""
     """Bearer token of the admin API; required when server.http_host is not loopback. Prefer
     admin_token_file or RELAY_SECURITY_ADMIN_TOKEN."""
@@ -358,6 +362,9 @@ class SecuritySettings:
             raise ConfigError(f"security.handshake_rate={self.handshake_rate!r}: allowed 0 "
                               f"(unlimited) or 0.1..1000000.0 per second")
         _check_range("security.handshake_burst", self.handshake_burst, 1, 1_000_000)
+        if self.handshake_budget != 0 and not 1.0 <= self.handshake_budget <= 10_000_000.0:
+            raise ConfigError(f"security.handshake_budget={self.handshake_budget!r}: allowed 0 "
+                              f"(unlimited) or 1.0..10000000.0 per second")
         keys = self.load_keys()
         if self.mint_key_id >= 0 and self.mint_key_id not in keys:
             raise ConfigError(f"security.mint_key_id={self.mint_key_id}: no key has this id "

@@ -157,6 +157,10 @@ class EndpointConfig:
     """Handshake packets a source IP may send at once before handshake_rate applies."""
     handshake_sources: int = 16384
     """Source IPs whose handshake budget is remembered; the least recently seen is forgotten."""
+    handshake_budget: Optional[float] = 20000.0
+    """Server: handshake packets answered per second over all sources together (CHALLENGEs and
+    REFUSEs to CONNECT_REQUESTs, cookie-verified CONNECT_RESPONSEs); None: unlimited. Bounds the
+    CPU a flood of forged handshakes from random sources can take from established sessions."""
     path_challenge_budget: int = 1024
     """Bytes of PATH_CHALLENGE we send to a peer's unvalidated new address."""
 
@@ -250,6 +254,8 @@ class EndpointConfig:
             raise bad("handshake_burst", "at least 1 packet")
         if self.handshake_sources < 1:
             raise bad("handshake_sources", "at least 1")
+        if self.handshake_budget is not None and not (1.0 <= self.handshake_budget < float("inf")):
+            raise bad("handshake_budget", "None (unlimited) or a finite number >= 1 per second")
         if self.path_challenge_budget < 0:
             raise bad("path_challenge_budget", "must be >= 0 bytes")
         return self

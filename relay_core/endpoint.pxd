@@ -58,6 +58,16 @@ cdef class Endpoint:
     cdef double handshake_rate          # 0: unlimited
     cdef double handshake_burst
     cdef Py_ssize_t handshake_sources
+    # global handshake budget (all sources): a token bucket; requests seen before and left
+    # unanswered (a client's resends) are remembered in a two-generation bit filter and may use
+    # the reserve that fresh requests leave
+    cdef double handshake_budget_rate   # 0: unlimited
+    cdef double handshake_budget_burst
+    cdef double handshake_budget_tokens
+    cdef double handshake_budget_at
+    cdef uint64_t* unanswered_filter    # NULL until first needed; 2 x UNANSWERED_WORDS
+    cdef int unanswered_generation      # which half is current
+    cdef double unanswered_rotated_at
 
     # address migration (server): validating a connected peer's new address
     cdef Py_ssize_t path_challenge_budget
@@ -77,7 +87,10 @@ cdef class Endpoint:
     cdef DueEntry _due_pop(self) noexcept
     cdef void _due_shrink(self) noexcept
     cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token)
-    cdef bint _over_handshake_rate(self, object address, double now)
+    cdef bint _over_handshake_rate(self, object source, double now)
+    cdef bint _take_handshake_budget(self, double now, bint fresh)
+    cdef bint _was_left_unanswered(self, Py_hash_t fingerprint, double now)
+    cdef void _leave_unanswered(self, Py_hash_t fingerprint, double now)
     cdef void _refuse(self, uint32_t connect_id, str reason, object address)
     cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, bytes datagram,
                                   object address, double now)

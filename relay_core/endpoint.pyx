@@ -23,12 +23,14 @@ import hashlib
 import heapq
 import hmac
 import random
+import socket
 import time
 from collections import deque
 
 
 from cpython.buffer cimport PyObject_CheckBuffer
-from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from libc.string cimport memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
@@ -48,7 +50,7 @@ from relay_core.wire cimport (
     DROP_REASON_COUNT, DROP_TRUNCATED, DROP_UNKNOWN_PEER, DROP_WRONG_SESSION,
     DROP_BAD_COOKIE, DROP_EXPIRED_COOKIE, DROP_NOT_ACCEPTING, DROP_UNEXPECTED_PACKET,
     DROP_DUPLICATE_PACKET, DROP_STALE_PACKET, DROP_AUTH_FAILED, DROP_RATE_LIMITED, DROP_BAD_LENGTH,
-    DROP_PATH_UNVALIDATED,
+    DROP_PATH_UNVALIDATED, DROP_HANDSHAKE_BUDGET,
 )
 
 from relay_core.aead import AeadError, open_ as aead_open_bytes, seal as aead_seal_bytes
@@ -57,6 +59,25 @@ from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
 from relay_core.peer import STATE_NAMES
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
+
+
+DEF UNANSWERED_WORDS = 65536         # 2^22 bits per generation: ~1 % false hits at 130 k/s
+DEF UNANSWERED_GENERATION = 0.25     # seconds; a request is remembered 0.25-0.5 s (resends: 0.1 s)
+DEF FRESH_RESERVE = 0.25             # share of the handshake budget's burst only resends may use
+
+
+cdef object source_ip(object address):
+    """The handshake rate limit's source: the IP (not the port, which a flooder picks freely);
+    for IPv6 its /64, which one host or home network commonly owns whole."""
+    if type(address) is not tuple or len(address) == 0:
+        return address
+    host = address[0]
+    if len(address) == 4 and type(host) is str:
+        try:
+            return socket.inet_pton(socket.AF_INET6, host.partition("%")[0])[:8]
+        except OSError:
+            return host
+    return host
 
 
 cdef inline bint due_before(DueEntry* a, DueEntry* b) noexcept:
@@ -122,6 +143,13 @@ cdef class Endpoint:
         self.handshake_rate = self.config.handshake_rate or 0.0
         self.handshake_burst = self.config.handshake_burst
         self.handshake_sources = self.config.handshake_sources
+        self.handshake_budget_rate = self.config.handshake_budget or 0.0
+        # A tenth of a second's worth at once: a burst of joins (a rolling restart) is answered
+        # at once, a sustained flood only at the rate.
+        self.handshake_budget_burst = max(10.0, self.handshake_budget_rate * 0.1)
+        self.handshake_budget_tokens = self.handshake_budget_burst
+        self.handshake_budget_at = -1e300         # full at the first handshake
+        self.unanswered_filter = NULL
         self.path_challenge_budget = self.config.path_challenge_budget
         self.path_retry_interval = self.config.connect_resend_interval
         self.path_counts = {"challenges_sent": 0, "challenge_bytes": 0, "budget_spent": 0,
@@ -135,6 +163,7 @@ cdef class Endpoint:
 
     def __dealloc__(self):
         PyMem_Free(self.scratch)
+        PyMem_Free(self.unanswered_filter)
         PyMem_Free(self.due_heap)
 
     # -- public API ------------------------------------------------------------------------
@@ -245,18 +274,41 @@ cdef class Endpoint:
 
     def receive_batch(self, list datagrams, double now):
         """``receive`` for each (data, address) of a list (a recvmmsg batch) in one call;
-        returns the number of bytes received."""
+        returns the number of bytes received.
+
+        Established sessions first: the batch's DATA (and everything else) is taken in order,
+        its handshakes after it, cookie-carrying CONNECT_RESPONSEs before new CONNECT_REQUESTs,
+        so a flood of forged handshakes delays no player's input and spends the handshake
+        budget on clients that proved their address first."""
         cdef Py_ssize_t size = 0, index = 0
         cdef tuple item
         cdef bytes datagram
+        cdef int ptype
+        cdef list responses = None, requests = None
         for item in datagrams:
             # Checked once per datagram, not per byte: the indexing below is unchecked.
             if item is None or len(item) != 2:
                 raise ValueError(f"datagrams[{index}] must be a (data, address) tuple, got {item!r:.80}")
             datagram = as_datagram(item[0])
             size += len(datagram)
-            self._receive(datagram, item[1], now)
+            ptype = check_prefix(<const uint8_t*><const char*>datagram, len(datagram))
+            if ptype == PT_CONNECT_RESPONSE:
+                if responses is None:
+                    responses = []
+                responses.append((datagram, item[1]))
+            elif ptype == PT_CONNECT_REQUEST:
+                if requests is None:
+                    requests = []
+                requests.append((datagram, item[1]))
+            else:
+                self._receive(datagram, item[1], now)
             index += 1
+        if responses is not None:
+            for item in responses:
+                self._receive(<bytes>item[0], item[1], now)
+        if requests is not None:
+            for item in requests:
+                self._receive(<bytes>item[0], item[1], now)
         return size
 
     cdef void _receive(self, bytes datagram, object address, double now):
@@ -572,13 +624,12 @@ cdef class Endpoint:
                    + cookie_time.to_bytes(4, "little") + token)
         return hashlib.blake2s(message, key=self.cookie_key, digest_size=COOKIE_MAC_SIZE).digest()
 
-    cdef bint _over_handshake_rate(self, object address, double now):
-        """Charge one handshake packet to the source IP's bucket; True when it is empty."""
+    cdef bint _over_handshake_rate(self, object source, double now):
+        """Charge one handshake packet to ``source``'s bucket (see source_ip, or a whole address
+        for cookie-verified responses); True when it is empty."""
         cdef double tokens
         if self.handshake_rate <= 0.0:
             return False
-        # Per IP, not per port: a flooder picks ports freely.
-        source = address[0] if type(address) is tuple and len(address) > 0 else address
         bucket = self.handshake_buckets.pop(source, None)
         if bucket is None:
             if len(self.handshake_buckets) >= self.handshake_sources:
@@ -593,6 +644,52 @@ cdef class Endpoint:
         self.drop_counts[DROP_RATE_LIMITED] += 1
         return True
 
+    cdef bint _take_handshake_budget(self, double now, bint fresh):
+        """One answer from the global handshake budget; a fresh request may not take the last
+        FRESH_RESERVE of the burst, which is kept for resends and verified responses."""
+        if self.handshake_budget_rate <= 0.0:
+            return True
+        if now > self.handshake_budget_at:
+            self.handshake_budget_tokens = min(
+                self.handshake_budget_burst,
+                self.handshake_budget_tokens + (now - self.handshake_budget_at) * self.handshake_budget_rate)
+            self.handshake_budget_at = now
+        if self.handshake_budget_tokens - 1.0 < (FRESH_RESERVE * self.handshake_budget_burst if fresh else 0.0):
+            self.drop_counts[DROP_HANDSHAKE_BUDGET] += 1
+            return False
+        self.handshake_budget_tokens -= 1.0
+        return True
+
+    cdef bint _was_left_unanswered(self, Py_hash_t fingerprint, double now):
+        """Whether a request with this fingerprint was dropped unanswered 0.25-0.5 s ago or
+        less: a client's resend, which a forger from random sources or ports does not make."""
+        cdef uint64_t bit
+        cdef uint64_t* current
+        if self.unanswered_filter == NULL:
+            return False
+        if now - self.unanswered_rotated_at >= UNANSWERED_GENERATION:
+            # The older half is forgotten and becomes the current one.
+            self.unanswered_generation ^= 1
+            memset(self.unanswered_filter + self.unanswered_generation * UNANSWERED_WORDS, 0,
+                   UNANSWERED_WORDS * sizeof(uint64_t))
+            if now - self.unanswered_rotated_at >= 2 * UNANSWERED_GENERATION:
+                memset(self.unanswered_filter, 0, 2 * UNANSWERED_WORDS * sizeof(uint64_t))
+            self.unanswered_rotated_at = now
+        bit = <uint64_t>fingerprint % (UNANSWERED_WORDS * 64)
+        current = self.unanswered_filter
+        return ((current[bit >> 6] | current[UNANSWERED_WORDS + (bit >> 6)]) >> (bit & 63)) & 1
+
+    cdef void _leave_unanswered(self, Py_hash_t fingerprint, double now):
+        cdef uint64_t bit
+        if self.unanswered_filter == NULL:
+            self.unanswered_filter = <uint64_t*>PyMem_Calloc(2 * UNANSWERED_WORDS, sizeof(uint64_t))
+            if self.unanswered_filter == NULL:
+                return              # out of memory: resends are then just fresh requests
+            self.unanswered_rotated_at = now
+        bit = <uint64_t>fingerprint % (UNANSWERED_WORDS * 64)
+        self.unanswered_filter[self.unanswered_generation * UNANSWERED_WORDS + (bit >> 6)] |= (
+            <uint64_t>1) << (bit & 63)
+
     cdef void _refuse(self, uint32_t connect_id, str reason, object address):
         self.refusal_counts[reason] = self.refusal_counts.get(reason, 0) + 1
         self.control_out.append((make_refuse(connect_id, REASON_CODES[reason]), address))
@@ -602,16 +699,30 @@ cdef class Endpoint:
         cdef ConnectRequest request
         cdef uint32_t connect_id, cookie_time
         cdef int status
+        cdef Py_hash_t fingerprint
+        cdef bint resend
         if not self.accept_connections:
             self.drop_counts[DROP_NOT_ACCEPTING] += 1
-            return
-        if self._over_handshake_rate(address, now):
             return
         status = decode_connect_request(p, n, &request)
         if status < 0:
             self.drop_counts[-status - 1] += 1
             return
         connect_id = request.connect_id
+        # A resend of a request left unanswered (same address, same connect id) skips the
+        # source IP's bucket and may use the budget's reserve: whoever forges the client's IP
+        # (without receiving at it) cannot keep its own resends out.
+        fingerprint = hash((address, connect_id))
+        resend = self._was_left_unanswered(fingerprint, now)
+        # The budget before the bucket: under a flood the budget is what runs out, and it is
+        # the cheaper check.
+        if not self._take_handshake_budget(now, not resend):
+            self._leave_unanswered(fingerprint, now)
+            return
+        if not resend and self._over_handshake_rate(source_ip(address), now):
+            self.handshake_budget_tokens += 1.0         # not answered: the budget was not spent
+            self._leave_unanswered(fingerprint, now)
+            return
         # A mode mismatch is answered at once (REFUSE is 9 bytes, smaller than any request).
         if request.token_format == TOKEN_FORMAT_NONE and self.token_keys is not None:
             self._refuse(connect_id, "token_required", address)
@@ -635,21 +746,23 @@ cdef class Endpoint:
         if not self.accept_connections:
             self.drop_counts[DROP_NOT_ACCEPTING] += 1
             return
-        if self._over_handshake_rate(address, now):
-            return
         status = decode_connect_response(p, n, &response)
         if status < 0:
             self.drop_counts[-status - 1] += 1
             return
-        token = datagram[response.token_offset:response.token_offset + response.token_length]
         connect_id = response.connect_id
         cookie_time = response.cookie_time
+        token = datagram[response.token_offset:response.token_offset + response.token_length]
         mac = (<char*>response.cookie_mac)[:COOKIE_MAC_SIZE]
         if not hmac.compare_digest(mac, self._cookie_mac(address, connect_id, cookie_time, token)):
             self.drop_counts[DROP_BAD_COOKIE] += 1
             return
         if <uint32_t>(time_ms32(now) - cookie_time) > self.cookie_lifetime_ms:
             self.drop_counts[DROP_EXPIRED_COOKIE] += 1
+            return
+        # Verified: the sender receives at this address. Its bucket is the address's own (IP and
+        # port), which no one forging the IP can drain; the global budget still bounds them all.
+        if self._over_handshake_rate(address, now) or not self._take_handshake_budget(now, False):
             return
         if not token and self.token_keys is not None:
             self._refuse(connect_id, "token_required", address)

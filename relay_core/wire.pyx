@@ -17,7 +17,7 @@ DROP_REASONS = (
     "not_accepting", "unexpected_packet", "malformed_record", "unknown_record_kind",
     "unknown_channel", "bad_fragment", "message_out_of_window", "message_too_large",
     "reassembly_full", "bad_block_slice", "block_too_large", "auth_failed", "rate_limited",
-    "bad_token", "path_unvalidated", "receive_memory_full",
+    "bad_token", "path_unvalidated", "receive_memory_full", "handshake_budget",
 )
 assert len(DROP_REASONS) == DROP_REASON_COUNT
 

@@ -84,6 +84,7 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         encrypt_packets=security.encrypt_packets,
         handshake_rate=security.handshake_rate or None,
         handshake_burst=security.handshake_burst,
+        handshake_budget=security.handshake_budget or None,
     )
 
 

@@ -118,6 +118,8 @@ RANGES = [
     ("security.handshake_rate", 1_000_000.0, above(1_000_000.0), {}),
     ("security.handshake_burst", 1, 0, {}),
     ("security.handshake_burst", 1_000_000, 1_000_001, {}),
+    ("security.handshake_budget", 1.0, below(1.0), {}),
+    ("security.handshake_budget", 10_000_000.0, above(10_000_000.0), {}),
     ("agones.port", 0, -1, {}),
     ("agones.port", 65535, 65536, {}),
     ("agones.health_interval", 0.01, below(0.01), {}),
@@ -146,7 +148,8 @@ def test_range_boundary_is_accepted_and_one_past_it_refused_naming_the_key(key, 
 
 def test_the_table_covers_every_range_check_in_config_py():
     checked = set(re.findall(r'_check_range\("([a-z_]+\.[a-z_]+)"', CONFIG_SOURCE))
-    checked |= {"security.handshake_rate"}            # its own check: 0 or 0.1..1000000
+    checked |= {"security.handshake_rate",            # its own check: 0 or 0.1..1000000
+                "security.handshake_budget"}          # 0 or 1..10000000
     assert len(checked) >= 40            # guards the pattern itself
     tabled = {row[0] for row in RANGES}
     assert checked - tabled == set(), "range checks without a boundary test"
