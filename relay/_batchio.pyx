@@ -28,11 +28,12 @@ datagrams (counted from ``start``) were consumed before the one that failed.
 On a platform without recvmmsg/sendmmsg the module still imports: ``AVAILABLE`` is False and
 every call raises OSError(ENOSYS).
 """
+from relay_core.endpoint cimport Endpoint
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_FromUnsignedLongLong
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
-from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 import os as _os
@@ -150,6 +151,8 @@ MAX_DATAGRAMS = 1024
 DEFAULT_CACHE_LIMIT = 4096
 """Entries per address cache; a full cache is cleared (spoofed sources cannot grow it)."""
 
+DEF ADMISSION_ROUNDS = 32         # batches one recv may read and refuse whole before it returns
+
 
 cdef inline bint _is_loss(int err) noexcept nogil:
     """Errors that mean "this datagram (or an earlier one) was lost", as UDP loses datagrams."""
@@ -244,6 +247,9 @@ cdef class BatchSocket:
     cdef dict _recv_cache
     cdef dict _send_cache
     cdef bint _busy
+    cdef Endpoint admission
+    cdef readonly unsigned long long datagrams_read     # every datagram recv read, admitted or not
+    cdef readonly unsigned long long bytes_read
 
     def __cinit__(self, int fd=-1, int max_datagrams=64, Py_ssize_t max_size=2048):
         if not 1 <= max_datagrams <= MAX_DATAGRAMS:
@@ -333,15 +339,10 @@ cdef class BatchSocket:
         cache[key] = address
         return address
 
-    cdef list _recv(self, int fd, int max_datagrams):
+    cdef int _recvmmsg(self, int fd, unsigned int n) except -1:
+        """One recvmmsg into the receive slots; the number read (0: EAGAIN)."""
         cdef int i, r = 0, err = 0, losses = 0
-        cdef unsigned int n = <unsigned int>max_datagrams
-        cdef mmsghdr* msgs
-        if n == 0:
-            return []
-        if self.rbuf == NULL:
-            self._alloc_recv()
-        msgs = self.rmsgs
+        cdef mmsghdr* msgs = self.rmsgs
         self._enter()
         try:
             for i in range(<int>n):
@@ -357,7 +358,7 @@ cdef class BatchSocket:
                 if err == EINTR:
                     continue
                 if _is_again(err):
-                    return []
+                    return 0
                 if _is_loss(err) and losses < 8:
                     # A pending ICMP error is reported once, then the queue reads normally.
                     losses += 1
@@ -367,22 +368,55 @@ cdef class BatchSocket:
                 raise _os_error(err)
         finally:
             self._busy = False
+        return r
+
+    cdef list _recv(self, int fd, int max_datagrams, double now):
+        cdef int i, r, rounds = 0
+        cdef unsigned int n = <unsigned int>max_datagrams
+        cdef mmsghdr* msgs
         cdef list out = []
         cdef Py_ssize_t size = self.max_size
-        for i in range(r):
-            if msgs[i].msg_hdr.msg_flags & MSG_TRUNC:
-                self.truncated += 1
-                continue
-            out.append((PyBytes_FromStringAndSize(self.rbuf + i * size, msgs[i].msg_len),
-                        self._address(&self.raddrs[i])))
-        return out
+        cdef Endpoint admission = self.admission
+        if n == 0:
+            return out
+        if self.rbuf == NULL:
+            self._alloc_recv()
+        msgs = self.rmsgs
+        while True:
+            r = self._recvmmsg(fd, n)
+            self.datagrams_read += r
+            for i in range(r):
+                if msgs[i].msg_hdr.msg_flags & MSG_TRUNC:
+                    self.truncated += 1
+                    continue
+                self.bytes_read += msgs[i].msg_len
+                if admission is not None and not admission.admit_raw(
+                        <const uint8_t*>(self.rbuf + i * size), msgs[i].msg_len, &self.raddrs[i], now):
+                    continue
+                out.append((PyBytes_FromStringAndSize(self.rbuf + i * size, msgs[i].msg_len),
+                            self._address(&self.raddrs[i])))
+            # All of a full batch refused (a flood): read on here, with no Python object made,
+            # a bounded number of times so the event loop keeps its turn.
+            rounds += 1
+            if out or r < <int>n or rounds >= ADMISSION_ROUNDS:
+                return out
 
-    def recv(self, int max_datagrams=-1):
+    def recv(self, int max_datagrams=-1, double now=0.0):
         """Up to ``max_datagrams`` (default and at most: this instance's) waiting datagrams as
-        [(bytes, address), ...]; [] when none is waiting (EAGAIN)."""
+        [(bytes, address), ...]; [] when none is waiting (EAGAIN).
+
+        With an admission endpoint (``set_admission``), each datagram read is first offered to
+        its ``admit_raw`` at time ``now``, and what it refuses (counted in its drops) never
+        becomes a Python object; when a whole batch is refused the next is read at once, up to
+        ADMISSION_ROUNDS batches per call, so [] can then also mean "all refused".
+        ``datagrams_read`` and ``bytes_read`` count every datagram read, refused or not."""
         if max_datagrams < 0 or max_datagrams > self.max_datagrams:
             max_datagrams = self.max_datagrams
-        return self._recv(self.fd, max_datagrams)
+        return self._recv(self.fd, max_datagrams, now)
+
+    def set_admission(self, endpoint):
+        """A relay_core Endpoint (a server's) whose admit_raw filters what recv returns; None: none."""
+        self.admission = endpoint
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -543,7 +577,7 @@ def recv_batch(int fd, int max_datagrams=64, int max_size=2048):
     [(bytes, address), ...]; [] on EAGAIN. Datagrams longer than ``max_size`` are dropped."""
     if not 1 <= max_datagrams <= MAX_DATAGRAMS:
         raise ValueError(f"max_datagrams must be 1-{MAX_DATAGRAMS}, not {max_datagrams}")
-    return _recv_scratch_for(max_datagrams, max_size)._recv(fd, max_datagrams)
+    return _recv_scratch_for(max_datagrams, max_size)._recv(fd, max_datagrams, 0.0)
 
 
 def send_batch(int fd, datagrams):

@@ -228,6 +228,10 @@ class BatchedEndpointDriver:
         self.sock = sock
         self._fd = sock.fileno()
         self.io = _batchio.BatchSocket(self._fd, max_datagrams, max_size)
+        # A server's endpoint drops flood datagrams it can tell at a glance before any Python
+        # object is made for them (Endpoint.admit_raw); a client's admits everything.
+        if isinstance(endpoint, Endpoint):
+            self.io.set_admission(endpoint)
         self.max_batches = max_batches
         self.max_queue = max_queue
         self.read_interval = read_interval
@@ -304,24 +308,26 @@ class BatchedEndpointDriver:
         time = self.loop.time
         full = io.max_datagrams
         io_errors, truncated = io.recv_errors + io.send_errors, io.truncated
-        count = size = 0
+        read_before, bytes_before = io.datagrams_read, io.bytes_read
         for _ in range(self.max_batches):
+            before = io.datagrams_read
             try:
-                batch = recv()
+                batch = recv(-1, time())
             except OSError as exc:
                 self.error_received(exc)
                 break
-            if not batch:
-                break
-            if on_received is not None:
-                for data, _addr in batch:
-                    on_received(len(data))
-            size += endpoint.receive_batch(batch, time())
-            count += len(batch)
-            if len(batch) < full:
+            if batch:
+                if on_received is not None:
+                    for data, _addr in batch:
+                        on_received(len(data))
+                endpoint.receive_batch(batch, time())
+            read = io.datagrams_read - before
+            if read == 0 or read % full:
                 break           # drained: spare the syscall that would say EAGAIN
+        # Every datagram read counts, including those the endpoint's admission refused.
+        count = io.datagrams_read - read_before
         self.datagrams_received += count
-        self.bytes_received += size
+        self.bytes_received += io.bytes_read - bytes_before
         if io.recv_errors + io.send_errors != io_errors or io.truncated != truncated:
             self._lost(io_errors, truncated)
         if count:

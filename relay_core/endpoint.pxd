@@ -6,6 +6,12 @@ from relay_core.peer cimport MessageSink, Peer, STATE_CONNECTED
 from relay_core.wire cimport CookiePacket, AcceptPacket, DROP_REASON_COUNT
 
 
+cdef struct RateSlot:
+    uint64_t key                        # the source's key; 0: empty
+    double tokens
+    double at
+
+
 cdef struct DueEntry:
     double deadline
     int peer_id
@@ -54,7 +60,10 @@ cdef class Endpoint:
     cdef list used_token_expiry         # heap of (expiry, token_id), to forget them once expired
 
     # per-source handshake rate limit (token bucket per source IP, least recently seen evicted)
-    cdef dict handshake_buckets         # source -> (tokens, at)
+    # A direct-mapped table of buckets in C, so admit_raw can charge them: a source whose slot
+    # another takes over is forgotten (its next packet starts with a full bucket).
+    cdef RateSlot* rate_slots
+    cdef uint64_t rate_slot_mask
     cdef double handshake_rate          # 0: unlimited
     cdef double handshake_burst
     cdef Py_ssize_t handshake_sources
@@ -68,6 +77,12 @@ cdef class Endpoint:
     cdef uint64_t* unanswered_filter    # NULL until first needed; 2 x UNANSWERED_WORDS
     cdef int unanswered_generation      # which half is current
     cdef double unanswered_rotated_at
+    # Admission before any Python object (admit_raw, server only): counting filters of the
+    # connected peers' addresses and session ids, so DATA from neither is dropped in C, and the
+    # requests admit_raw let through in the batch being read (the budget charges them later).
+    cdef uint16_t* known_addresses      # NULL for a client endpoint; KNOWN_SLOTS counters
+    cdef uint16_t* known_sessions
+    cdef Py_ssize_t raw_admitted_requests
 
     # address migration (server): validating a connected peer's new address
     cdef Py_ssize_t path_challenge_budget
@@ -87,10 +102,13 @@ cdef class Endpoint:
     cdef DueEntry _due_pop(self) noexcept
     cdef void _due_shrink(self) noexcept
     cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token)
-    cdef bint _over_handshake_rate(self, object source, double now)
-    cdef bint _take_handshake_budget(self, double now, bint fresh)
-    cdef bint _was_left_unanswered(self, Py_hash_t fingerprint, double now)
-    cdef void _leave_unanswered(self, Py_hash_t fingerprint, double now)
+    cdef int admit_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) noexcept
+    cdef void _know(self, object address, uint32_t session_id, int delta)
+    cdef bint _over_handshake_rate(self, uint64_t source, double now) noexcept
+    cdef bint _admit_request(self, uint64_t address, uint64_t source, uint32_t connect_id, double now) noexcept
+    cdef bint _take_handshake_budget(self, double now, bint fresh) noexcept
+    cdef bint _was_left_unanswered(self, uint64_t fingerprint, double now)
+    cdef void _leave_unanswered(self, uint64_t fingerprint, double now)
     cdef void _refuse(self, uint32_t connect_id, str reason, object address)
     cdef void _on_connect_request(self, const uint8_t* p, Py_ssize_t n, bytes datagram,
                                   object address, double now)

@@ -30,7 +30,7 @@ from collections import deque
 
 from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.mem cimport PyMem_Calloc, PyMem_Malloc, PyMem_Realloc, PyMem_Free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
@@ -61,23 +61,135 @@ from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
 
+cdef extern from "<netinet/in.h>" nogil:
+    ctypedef unsigned short sa_family_t
+    cdef enum:
+        AF_INET
+        AF_INET6
+    cdef struct in_addr:
+        uint32_t s_addr
+    cdef struct sockaddr_in:
+        sa_family_t sin_family
+        uint16_t sin_port
+        in_addr sin_addr
+    cdef struct in6_addr:
+        uint8_t s6_addr[16]
+    cdef struct sockaddr_in6:
+        sa_family_t sin6_family
+        uint16_t sin6_port
+        uint32_t sin6_flowinfo
+        in6_addr sin6_addr
+        uint32_t sin6_scope_id
+
+
+cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
+    # A 64-bit finalizer (splitmix64's): every input bit moves every output bit.
+    x ^= x >> 30
+    x *= 0xBF58476D1CE4E5B9ULL
+    x ^= x >> 27
+    x *= 0x94D049BB133111EBULL
+    return x ^ (x >> 31)
+
+
+cdef uint64_t raw_address_key(const void* address) noexcept nogil:
+    """A key of a sockaddr_in/sockaddr_in6: family, port and IP (not an IPv6 scope or flow);
+    address_key gives the same for its Python form. 0: another family."""
+    cdef const sockaddr_in* sin = <const sockaddr_in*>address
+    cdef const sockaddr_in6* sin6 = <const sockaddr_in6*>address
+    cdef uint64_t high, low
+    cdef int i
+    if sin.sin_family == AF_INET:
+        return mix64((<uint64_t>4 << 48) | (<uint64_t>sin.sin_port << 32) | sin.sin_addr.s_addr) | 1
+    if sin.sin_family == AF_INET6:
+        high = low = 0
+        for i in range(8):
+            high = (high << 8) | sin6.sin6_addr.s6_addr[i]
+            low = (low << 8) | sin6.sin6_addr.s6_addr[8 + i]
+        return mix64(mix64(high ^ ((<uint64_t>6 << 48) | (<uint64_t>sin6.sin6_port << 32))) ^ low) | 1
+    return 0
+
+
+cdef uint64_t address_key(object address):
+    """raw_address_key of an address as the transport hands it over: (host, port) or (host,
+    port, flowinfo, scope_id). 0 for anything else (such addresses are never admitted raw)."""
+    cdef sockaddr_in sin
+    cdef sockaddr_in6 sin6
+    cdef bytes packed
+    if type(address) is not tuple or len(address) not in (2, 4) or type(address[0]) is not str:
+        return 0
+    try:
+        port = int(address[1])
+        if len(address) == 2:
+            packed = socket.inet_pton(socket.AF_INET, address[0])
+            sin.sin_family = AF_INET
+            sin.sin_port = socket.htons(port)
+            memcpy(&sin.sin_addr, <const char*>packed, 4)
+            return raw_address_key(&sin)
+        packed = socket.inet_pton(socket.AF_INET6, address[0].partition("%")[0])
+        sin6.sin6_family = AF_INET6
+        sin6.sin6_port = socket.htons(port)
+        memcpy(&sin6.sin6_addr, <const char*>packed, 16)
+        return raw_address_key(&sin6)
+    except (OSError, ValueError, OverflowError, TypeError):
+        return 0
+
+
+cdef uint64_t raw_source_key(const void* address) noexcept nogil:
+    """The handshake rate limit's source of a sockaddr: the IP (not the port, which a flooder
+    picks freely); for IPv6 its /64, which one host or home network commonly owns whole, and
+    an IPv4-mapped IPv6 address as its IPv4 address. Never 0; 0 for another family."""
+    cdef const sockaddr_in* sin = <const sockaddr_in*>address
+    cdef const sockaddr_in6* sin6 = <const sockaddr_in6*>address
+    cdef const uint8_t* ip
+    cdef uint64_t prefix = 0
+    cdef int i
+    if sin.sin_family == AF_INET:
+        return mix64((<uint64_t>4 << 56) | sin.sin_addr.s_addr) | 1
+    if sin.sin_family != AF_INET6:
+        return 0
+    ip = sin6.sin6_addr.s6_addr
+    for i in range(10):
+        if ip[i] != 0:
+            break
+    else:
+        if ip[10] == 0xFF and ip[11] == 0xFF:
+            return mix64((<uint64_t>4 << 56) | (<const uint32_t*>(ip + 12))[0]) | 1
+    for i in range(8):
+        prefix = (prefix << 8) | ip[i]
+    return mix64(mix64(prefix) ^ (<uint64_t>6 << 56)) | 1
+
+
+cdef uint64_t source_key(object address):
+    """raw_source_key of an address as the transport hands it over (0: not an IP address)."""
+    cdef sockaddr_in sin
+    cdef sockaddr_in6 sin6
+    cdef bytes packed
+    if type(address) is not tuple or len(address) not in (2, 4) or type(address[0]) is not str:
+        return 0
+    try:
+        if len(address) == 2:
+            packed = socket.inet_pton(socket.AF_INET, address[0])
+            sin.sin_family = AF_INET
+            memcpy(&sin.sin_addr, <const char*>packed, 4)
+            return raw_source_key(&sin)
+        packed = socket.inet_pton(socket.AF_INET6, address[0].partition("%")[0])
+        sin6.sin6_family = AF_INET6
+        memcpy(&sin6.sin6_addr, <const char*>packed, 16)
+        return raw_source_key(&sin6)
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
+cdef inline uint64_t request_fingerprint(uint64_t address_key, uint32_t connect_id) noexcept nogil:
+    return mix64(address_key ^ (<uint64_t>connect_id * 0x9E3779B97F4A7C15ULL))
+
+
+DEF VERIFIED_KEY_TAG = 0x5645524946494544     # keeps an address's bucket apart from its IP's
+DEF RESEND_KEY_TAG = 0x524553454E445321       # an IP's bucket for resends, apart from its first
+DEF KNOWN_SLOTS = 131072              # counters per filter (256 KB): few false hits up to ~10 k peers
 DEF UNANSWERED_WORDS = 65536         # 2^22 bits per generation: ~1 % false hits at 130 k/s
 DEF UNANSWERED_GENERATION = 0.25     # seconds; a request is remembered 0.25-0.5 s (resends: 0.1 s)
 DEF FRESH_RESERVE = 0.25             # share of the handshake budget's burst only resends may use
-
-
-cdef object source_ip(object address):
-    """The handshake rate limit's source: the IP (not the port, which a flooder picks freely);
-    for IPv6 its /64, which one host or home network commonly owns whole."""
-    if type(address) is not tuple or len(address) == 0:
-        return address
-    host = address[0]
-    if len(address) == 4 and type(host) is str:
-        try:
-            return socket.inet_pton(socket.AF_INET6, host.partition("%")[0])[:8]
-        except OSError:
-            return host
-    return host
 
 
 cdef inline bint due_before(DueEntry* a, DueEntry* b) noexcept:
@@ -139,10 +251,18 @@ cdef class Endpoint:
         self.unix_offset = time.time() - time.monotonic() if unix_offset is None else unix_offset
         self.used_tokens = {}
         self.used_token_expiry = []
-        self.handshake_buckets = {}
         self.handshake_rate = self.config.handshake_rate or 0.0
         self.handshake_burst = self.config.handshake_burst
         self.handshake_sources = self.config.handshake_sources
+        self.rate_slot_mask = 1
+        while self.rate_slot_mask < <uint64_t>self.handshake_sources:
+            self.rate_slot_mask <<= 1
+        self.rate_slots = NULL
+        if self.accept_connections and self.handshake_rate > 0.0:
+            self.rate_slots = <RateSlot*>PyMem_Calloc(self.rate_slot_mask, sizeof(RateSlot))
+            if self.rate_slots == NULL:
+                raise MemoryError()
+        self.rate_slot_mask -= 1
         self.handshake_budget_rate = self.config.handshake_budget or 0.0
         # A tenth of a second's worth at once: a burst of joins (a rolling restart) is answered
         # at once, a sustained flood only at the rate.
@@ -150,6 +270,12 @@ cdef class Endpoint:
         self.handshake_budget_tokens = self.handshake_budget_burst
         self.handshake_budget_at = -1e300         # full at the first handshake
         self.unanswered_filter = NULL
+        self.known_addresses = self.known_sessions = NULL
+        if self.accept_connections:
+            self.known_addresses = <uint16_t*>PyMem_Calloc(KNOWN_SLOTS, sizeof(uint16_t))
+            self.known_sessions = <uint16_t*>PyMem_Calloc(KNOWN_SLOTS, sizeof(uint16_t))
+            if self.known_addresses == NULL or self.known_sessions == NULL:
+                raise MemoryError()
         self.path_challenge_budget = self.config.path_challenge_budget
         self.path_retry_interval = self.config.connect_resend_interval
         self.path_counts = {"challenges_sent": 0, "challenge_bytes": 0, "budget_spent": 0,
@@ -164,6 +290,9 @@ cdef class Endpoint:
     def __dealloc__(self):
         PyMem_Free(self.scratch)
         PyMem_Free(self.unanswered_filter)
+        PyMem_Free(self.known_addresses)
+        PyMem_Free(self.known_sessions)
+        PyMem_Free(self.rate_slots)
         PyMem_Free(self.due_heap)
 
     # -- public API ------------------------------------------------------------------------
@@ -309,6 +438,7 @@ cdef class Endpoint:
         if requests is not None:
             for item in requests:
                 self._receive(<bytes>item[0], item[1], now)
+        self.raw_admitted_requests = 0      # all taken (a count left over would skip a charge)
         return size
 
     cdef void _receive(self, bytes datagram, object address, double now):
@@ -624,27 +754,93 @@ cdef class Endpoint:
                    + cookie_time.to_bytes(4, "little") + token)
         return hashlib.blake2s(message, key=self.cookie_key, digest_size=COOKIE_MAC_SIZE).digest()
 
-    cdef bint _over_handshake_rate(self, object source, double now):
-        """Charge one handshake packet to ``source``'s bucket (see source_ip, or a whole address
-        for cookie-verified responses); True when it is empty."""
-        cdef double tokens
-        if self.handshake_rate <= 0.0:
+    cdef bint _over_handshake_rate(self, uint64_t source, double now) noexcept:
+        """Charge one handshake packet to ``source``'s bucket (a source_key, or an address_key
+        for cookie-verified responses); True when it is empty (counted as rate_limited)."""
+        cdef RateSlot* slot
+        if self.rate_slots == NULL or source == 0:
             return False
-        bucket = self.handshake_buckets.pop(source, None)
-        if bucket is None:
-            if len(self.handshake_buckets) >= self.handshake_sources:
-                del self.handshake_buckets[next(iter(self.handshake_buckets))]     # least recent
-            tokens = self.handshake_burst
-        else:
-            tokens = min(self.handshake_burst, bucket[0] + max(0.0, now - bucket[1]) * self.handshake_rate)
-        if tokens >= 1.0:
-            self.handshake_buckets[source] = (tokens - 1.0, now)
+        slot = &self.rate_slots[mix64(source) & self.rate_slot_mask]
+        if slot.key != source:
+            slot.key = source
+            slot.tokens = self.handshake_burst
+        elif now > slot.at:
+            slot.tokens = min(self.handshake_burst, slot.tokens + (now - slot.at) * self.handshake_rate)
+        slot.at = now
+        if slot.tokens >= 1.0:
+            slot.tokens -= 1.0
             return False
-        self.handshake_buckets[source] = (tokens, now)
         self.drop_counts[DROP_RATE_LIMITED] += 1
         return True
 
-    cdef bint _take_handshake_budget(self, double now, bint fresh):
+    cdef void _know(self, object address, uint32_t session_id, int delta):
+        """Counts an address (not None) and a session id (not 0) in or out of the filters that
+        admit_raw consults. A counter that saturates stays there: a false "known" only sends a
+        datagram the Python way."""
+        cdef uint16_t* slot
+        if self.known_addresses == NULL:
+            return
+        if address is not None:
+            slot = &self.known_addresses[address_key(address) % KNOWN_SLOTS]
+            if slot[0] != 0xFFFF and (delta > 0 or slot[0] > 0):
+                slot[0] += delta
+        if session_id != 0:
+            slot = &self.known_sessions[mix64(session_id) % KNOWN_SLOTS]
+            if slot[0] != 0xFFFF and (delta > 0 or slot[0] > 0):
+                slot[0] += delta
+
+    cdef int admit_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) noexcept:
+        """Whether a datagram just read (``address`` a sockaddr_in or sockaddr_in6) is worth its
+        Python objects: 0 when it is dropped here, counted under its reason. Only certain cases
+        are: a bad prefix, DATA whose address and session id are both unknown (a false hit of
+        the filters lets one through, to be dropped the usual way), and a fresh CONNECT_REQUEST
+        the handshake budget has no room for, or from a source over its rate (remembered, so
+        its resend is not fresh). A request let through is charged here, and receive_batch does
+        not charge it again. A client endpoint admits everything."""
+        cdef int ptype
+        cdef uint64_t key
+        cdef ConnectRequest request
+        if self.known_addresses == NULL:
+            return 1
+        ptype = check_prefix(p, n)
+        if ptype < 0:
+            self.drop_counts[-ptype - 1] += 1
+            return 0
+        if ptype == PT_DATA:
+            if n < DATA_HEADER_SIZE:
+                return 1
+            key = raw_address_key(address)
+            if (key != 0 and self.known_addresses[key % KNOWN_SLOTS] == 0
+                    and self.known_sessions[mix64(read_session_id(p)) % KNOWN_SLOTS] == 0):
+                self.drop_counts[DROP_UNKNOWN_PEER] += 1
+                return 0
+            return 1
+        if ptype != PT_CONNECT_REQUEST or not self.accept_connections:
+            return 1
+        key = raw_address_key(address)
+        if key == 0 or decode_connect_request(p, n, &request) < 0:
+            return 1
+        if not self._admit_request(key, raw_source_key(address), request.connect_id, now):
+            return 0
+        self.raw_admitted_requests += 1         # charged: receive_batch does not charge it again
+        return 1
+
+    cdef bint _admit_request(self, uint64_t address, uint64_t source, uint32_t connect_id, double now) noexcept:
+        """Whether a CONNECT_REQUEST may be answered: charged to its source's bucket and the
+        handshake budget (a refusal is counted and remembered). A resend of a request left
+        unanswered (same address, same connect id) is charged to a second bucket of its source
+        that only resends draw on, and may use the budget's reserve: whoever forges the
+        client's IP with requests of its own (new ports, new connect ids) empties the first
+        bucket, not the second, and the client's resend is answered."""
+        cdef uint64_t fingerprint = request_fingerprint(address, connect_id)
+        cdef bint resend = self._was_left_unanswered(fingerprint, now)
+        if (self._over_handshake_rate(source ^ RESEND_KEY_TAG if resend else source, now)
+                or not self._take_handshake_budget(now, not resend)):
+            self._leave_unanswered(fingerprint, now)
+            return False
+        return True
+
+    cdef bint _take_handshake_budget(self, double now, bint fresh) noexcept:
         """One answer from the global handshake budget; a fresh request may not take the last
         FRESH_RESERVE of the burst, which is kept for resends and verified responses."""
         if self.handshake_budget_rate <= 0.0:
@@ -660,7 +856,7 @@ cdef class Endpoint:
         self.handshake_budget_tokens -= 1.0
         return True
 
-    cdef bint _was_left_unanswered(self, Py_hash_t fingerprint, double now):
+    cdef bint _was_left_unanswered(self, uint64_t fingerprint, double now):
         """Whether a request with this fingerprint was dropped unanswered 0.25-0.5 s ago or
         less: a client's resend, which a forger from random sources or ports does not make."""
         cdef uint64_t bit
@@ -679,7 +875,7 @@ cdef class Endpoint:
         current = self.unanswered_filter
         return ((current[bit >> 6] | current[UNANSWERED_WORDS + (bit >> 6)]) >> (bit & 63)) & 1
 
-    cdef void _leave_unanswered(self, Py_hash_t fingerprint, double now):
+    cdef void _leave_unanswered(self, uint64_t fingerprint, double now):
         cdef uint64_t bit
         if self.unanswered_filter == NULL:
             self.unanswered_filter = <uint64_t*>PyMem_Calloc(2 * UNANSWERED_WORDS, sizeof(uint64_t))
@@ -699,8 +895,6 @@ cdef class Endpoint:
         cdef ConnectRequest request
         cdef uint32_t connect_id, cookie_time
         cdef int status
-        cdef Py_hash_t fingerprint
-        cdef bint resend
         if not self.accept_connections:
             self.drop_counts[DROP_NOT_ACCEPTING] += 1
             return
@@ -709,19 +903,9 @@ cdef class Endpoint:
             self.drop_counts[-status - 1] += 1
             return
         connect_id = request.connect_id
-        # A resend of a request left unanswered (same address, same connect id) skips the
-        # source IP's bucket and may use the budget's reserve: whoever forges the client's IP
-        # (without receiving at it) cannot keep its own resends out.
-        fingerprint = hash((address, connect_id))
-        resend = self._was_left_unanswered(fingerprint, now)
-        # The budget before the bucket: under a flood the budget is what runs out, and it is
-        # the cheaper check.
-        if not self._take_handshake_budget(now, not resend):
-            self._leave_unanswered(fingerprint, now)
-            return
-        if not resend and self._over_handshake_rate(source_ip(address), now):
-            self.handshake_budget_tokens += 1.0         # not answered: the budget was not spent
-            self._leave_unanswered(fingerprint, now)
+        if self.raw_admitted_requests > 0:
+            self.raw_admitted_requests -= 1     # admit_raw charged it when it was read
+        elif not self._admit_request(address_key(address), source_key(address), connect_id, now):
             return
         # A mode mismatch is answered at once (REFUSE is 9 bytes, smaller than any request).
         if request.token_format == TOKEN_FORMAT_NONE and self.token_keys is not None:
@@ -762,7 +946,8 @@ cdef class Endpoint:
             return
         # Verified: the sender receives at this address. Its bucket is the address's own (IP and
         # port), which no one forging the IP can drain; the global budget still bounds them all.
-        if self._over_handshake_rate(address, now) or not self._take_handshake_budget(now, False):
+        if (self._over_handshake_rate(address_key(address) ^ VERIFIED_KEY_TAG, now)
+                or not self._take_handshake_budget(now, False)):
             return
         if not token and self.token_keys is not None:
             self._refuse(connect_id, "token_required", address)
@@ -824,6 +1009,7 @@ cdef class Endpoint:
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         self.sessions[session_id] = peer
+        self._know(address, session_id, 1)
         peer.admit(session_id, accept, claims, token or None, now, response.ack_delay_ms / 1000.0)
         self.control_out.append((accept, address))
 
@@ -1003,8 +1189,10 @@ cdef class Endpoint:
             return
         old = peer.address
         del self.peers_by_address[old]
+        self._know(old, 0, -1)
         peer.migrate(address)
         self.peers_by_address[address] = peer
+        self._know(address, 0, 1)
         self.path_counts["migrations"] += 1
         self.events.append(PeerMigrated(peer.peer_id, old, address))
         self._touch(peer)
@@ -1026,9 +1214,11 @@ cdef class Endpoint:
             for channel in peer.send_channels:
                 self.closed_resends += channel.resends
                 self.closed_redundant_bytes += channel.redundant_bytes
-        self.peers_by_address.pop(peer.address, None)
+        if self.peers_by_address.pop(peer.address, None) is not None:
+            self._know(peer.address, 0, -1)
         if self.sessions.get(peer.session_id) is peer:
             del self.sessions[peer.session_id]
+            self._know(None, peer.session_id, -1)
         peer.release()
         self.events.append(PeerDisconnected(peer.peer_id, peer.address, reason))
         if code >= 0 and peer.allows(TRIGGER_DISCONNECT):

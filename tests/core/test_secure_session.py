@@ -358,18 +358,25 @@ def test_default_limits_never_slow_a_normal_client_on_a_lossy_link():
         assert "rate_limited" not in pair.server.drops
 
 
-def test_the_rate_table_is_bounded_and_forgets_the_least_recent_source():
+def test_the_rate_table_is_bounded_and_a_source_whose_slot_is_taken_is_forgotten():
+    # One slot: every source shares it, and the newest takes it over.
     server = Endpoint(EndpointConfig(accept_connections=True, seed=1, handshake_rate=1.0,
-                                     handshake_burst=1, handshake_sources=2), UNIX)
-    request = encode_packet(dict(type="connect_request", connect_id=77))
-    a, b, c = ("192.0.2.1", 1), ("192.0.2.2", 1), ("192.0.2.3", 1)
-    for source in (a, b, a, c):                    # a's second packet is over its budget
-        server.receive(request, source, 0.0)
+                                     handshake_burst=1, handshake_sources=1), UNIX)
+    ids = iter(range(100, 200))                    # new connect ids: no request is a resend
+
+    def request(source, now):
+        server.receive(encode_packet(dict(type="connect_request", connect_id=next(ids))), source, now)
+
+    a, b = ("192.0.2.1", 1), ("192.0.2.2", 1)
+    request(a, 0.0)
+    request((a[0], 2), 0.0)                        # the same IP, another port: over its budget
     assert server.drops == {"rate_limited": 1}
-    server.receive(request, b, 0.0)                # b was least recent and forgotten: a new budget
+    request(b, 0.0)                                # b takes the slot: a is forgotten
+    request(a, 0.0)                                # ...so a starts again with a full bucket
     assert server.drops == {"rate_limited": 1}
-    server.receive(request, c, 0.5)                # c is remembered: half a packet refilled
+    request(a, 0.5)                                # a is remembered: half a packet refilled
     assert server.drops == {"rate_limited": 2}
+    assert len(server.datagrams_to_send(0.5)) == 3
 
 
 @pytest.mark.parametrize("field,value,message", [
