@@ -59,6 +59,11 @@ cdef class Endpoint:
     cdef double handshake_burst
     cdef Py_ssize_t handshake_sources
 
+    # open mode: connected peers per source (relay_core.sources), counted only with a limit
+    cdef int max_sessions_per_source    # 0: unlimited (always 0 in token mode)
+    cdef dict source_sessions           # source -> its connected peers
+    cdef dict peer_sources              # peer_id -> source, for the peers counted
+
     # address migration (server): validating a connected peer's new address
     cdef Py_ssize_t path_challenge_budget
     cdef double path_retry_interval
@@ -95,6 +100,7 @@ cdef class Endpoint:
                               object address, double now)
     cdef bint _run_timers(self, Peer peer, double now)
     cdef void _close(self, Peer peer, str reason, int code)
+    cdef void _release_source(self, int peer_id)
     cdef int _new_peer_id(self)
     cdef uint32_t _random_u32(self)
 

@@ -55,6 +55,7 @@ from relay_core.aead import AeadError, open_ as aead_open_bytes, seal as aead_se
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
 from relay_core.peer import STATE_NAMES
+from relay_core.sources import source_key
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
@@ -123,6 +124,9 @@ cdef class Endpoint:
         self.handshake_burst = self.config.handshake_burst
         self.handshake_sources = self.config.handshake_sources
         self.path_challenge_budget = self.config.path_challenge_budget
+        self.max_sessions_per_source = self.config.max_sessions_per_source if self.token_keys is None else 0
+        self.source_sessions = {}
+        self.peer_sources = {}
         self.path_retry_interval = self.config.connect_resend_interval
         self.path_counts = {"challenges_sent": 0, "challenge_bytes": 0, "budget_spent": 0,
                             "migrations": 0}
@@ -691,6 +695,13 @@ cdef class Endpoint:
         if len(self.peers) >= self.max_peers:
             self._refuse(connect_id, "server_full", address)        # the token stays unused
             return
+        source = None
+        if self.max_sessions_per_source > 0:
+            # Open mode: one source must not hold every peer slot with bare connections.
+            source = source_key(address)
+            if self.source_sessions.get(source, 0) >= self.max_sessions_per_source:
+                self._refuse(connect_id, "source_session_limit", address)
+                return
         encrypted = claims is not None and self.encrypt_packets
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id,
                     self.block_budget, TAG_SIZE if encrypted else 0, None)
@@ -711,6 +722,9 @@ cdef class Endpoint:
         self.peers_by_address[address] = peer
         self.peers[peer.peer_id] = peer
         self.sessions[session_id] = peer
+        if source is not None:
+            self.peer_sources[peer.peer_id] = source
+            self.source_sessions[source] = self.source_sessions.get(source, 0) + 1
         peer.admit(session_id, accept, claims, token or None, now, response.ack_delay_ms / 1000.0)
         self.control_out.append((accept, address))
 
@@ -888,6 +902,17 @@ cdef class Endpoint:
         if address in self.peers_by_address:
             self.drop_counts[DROP_PATH_UNVALIDATED] += 1      # taken by a new connection meanwhile
             return
+        source = self.peer_sources.get(peer.peer_id)
+        if source is not None:
+            moved_to = source_key(address)
+            if moved_to != source:
+                # Else moving sessions away would let one source open any number of them.
+                if self.source_sessions.get(moved_to, 0) >= self.max_sessions_per_source:
+                    self.drop_counts[DROP_PATH_UNVALIDATED] += 1
+                    return
+                self._release_source(peer.peer_id)
+                self.peer_sources[peer.peer_id] = moved_to
+                self.source_sessions[moved_to] = self.source_sessions.get(moved_to, 0) + 1
         old = peer.address
         del self.peers_by_address[old]
         peer.migrate(address)
@@ -916,6 +941,7 @@ cdef class Endpoint:
         self.peers_by_address.pop(peer.address, None)
         if self.sessions.get(peer.session_id) is peer:
             del self.sessions[peer.session_id]
+        self._release_source(peer.peer_id)
         peer.release()
         self.events.append(PeerDisconnected(peer.peer_id, peer.address, reason))
         if code >= 0 and peer.allows(TRIGGER_DISCONNECT):
@@ -923,6 +949,16 @@ cdef class Endpoint:
             self.closing.append(peer)
         else:
             peer.close()
+
+    cdef void _release_source(self, int peer_id):
+        source = self.peer_sources.pop(peer_id, None)
+        if source is None:
+            return
+        remaining = self.source_sessions[source] - 1
+        if remaining:
+            self.source_sessions[source] = remaining
+        else:
+            del self.source_sessions[source]       # forgotten, so the dict stays as small as the peers
 
     cdef int _new_peer_id(self):
         cdef int peer_id = self.next_peer_id
