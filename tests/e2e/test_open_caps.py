@@ -12,12 +12,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay import protocol
 from relay.client import client_config
+from relay.config import SecuritySettings
 from relay.transport import open_driver
 from relay_core import Endpoint, MessageReceived, PeerConnected, PeerDisconnected
 
 from relay_serve import RelayServe
 
-SESSIONS, ROOMS = 4, 2
+# The documented defaults: a relay started with no settings is capped.
+SESSIONS = SecuritySettings.max_sessions_per_source
+ROOMS = SecuritySettings.max_rooms_per_source
 
 
 async def attempt(source: str, port: int, room: str | None = None, player: str = "p",
@@ -63,10 +66,8 @@ def metric(relay: RelayServe, name: str, **labels) -> float:
 
 
 def test_one_source_cannot_take_every_session_or_room_in_open_mode(tmp_path):
-    relay = RelayServe(tmp_path, RELAY_SECURITY_MODE="open",
-                       RELAY_SECURITY_MAX_SESSIONS_PER_SOURCE=str(SESSIONS),
-                       RELAY_SECURITY_MAX_ROOMS_PER_SOURCE=str(ROOMS),
-                       RELAY_ROOMS_START_POLICY="admin", RELAY_REPLAY_ENABLED="false")
+    relay = RelayServe(tmp_path, RELAY_SECURITY_MODE="open", RELAY_ROOMS_START_POLICY="admin",
+                       RELAY_REPLAY_ENABLED="false")
     try:
         async def scenario():
             drivers = []
@@ -78,10 +79,10 @@ def test_one_source_cannot_take_every_session_or_room_in_open_mode(tmp_path):
 
         async def play(drivers):
             # Bare handshakes: completed connections that never join.
-            bare = [await attempt("127.61.0.1", relay.udp_port) for _ in range(3 * SESSIONS)]
+            bare = [await attempt("127.61.0.1", relay.udp_port) for _ in range(SESSIONS + 3)]
             drivers.extend(driver for _, driver in bare)
             assert [outcome for outcome, _ in bare] == (
-                ["connected"] * SESSIONS + ["disconnected:refused:source_session_limit"] * 2 * SESSIONS)
+                ["connected"] * SESSIONS + ["disconnected:refused:source_session_limit"] * 3)
             # Rooms: each JOIN of a new name would create one.
             made = [await attempt("127.61.0.2", relay.udp_port, f"spam{i}") for i in range(ROOMS + 2)]
             drivers.extend(driver for _, driver in made)
@@ -97,11 +98,12 @@ def test_one_source_cannot_take_every_session_or_room_in_open_mode(tmp_path):
             health = await loop.run_in_executor(None, relay.get, "/health")
             rooms = (await loop.run_in_executor(None, relay.get, "/rooms"))["rooms"]
             assert health["peers"] == SESSIONS + (ROOMS + 2) + 2
-            assert sorted(room["room"] for room in rooms) == ["match", "spam0", "spam1"]
+            assert sorted(room["room"] for room in rooms) == sorted(
+                ["match"] + [f"spam{i}" for i in range(ROOMS)])
 
         asyncio.run(asyncio.wait_for(scenario(), 30))
         # Counted by reason; the core's refusals reach /metrics once a second.
-        expected = {("relay_handshake_refusals_total", "source_session_limit"): 2 * SESSIONS,
+        expected = {("relay_handshake_refusals_total", "source_session_limit"): 3,
                     ("relay_join_refusals_total", "source_room_limit"): 2}
         deadline = time.monotonic() + 5
         while (seen := {key: metric(relay, key[0], reason=key[1]) for key in expected}) != expected:
