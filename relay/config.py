@@ -345,7 +345,7 @@ class SecuritySettings:
     address); the rest are dropped as rate_limited. 0: unlimited."""
     handshake_burst: int = 200
     """Handshake packets one source address may send at once before handshake_rate applies."""
-    # -- open mode per-source caps (docs/SECURITY.md, "Open mode") --
+    # -- open mode per-source caps (docs/SECURITY.md, "Open mode: per-source caps") --
     max_sessions_per_source: int = 64
     """Open mode: connections at once from one source (an IPv4 address, an IPv6 /64); more are
     refused in the handshake (source_session_limit). 0: unlimited. Token mode: no cap."""

@@ -60,7 +60,7 @@ cdef class Endpoint:
     cdef Py_ssize_t handshake_sources
 
     # open mode: connected peers per source (relay_core.sources), counted only with a limit
-    cdef int max_sessions_per_source    # 0: unlimited (always 0 in token mode)
+    cdef Py_ssize_t max_sessions_per_source     # 0: unlimited (always 0 in token mode)
     cdef dict source_sessions           # source -> its connected peers
     cdef dict peer_sources              # peer_id -> source, for the peers counted
 

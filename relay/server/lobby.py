@@ -284,7 +284,7 @@ class Lobby:
             source = None
             if self.rooms_per_source:
                 if not self.endpoint.is_connected(peer_id):
-                    return          # closed since it sent the JOIN: no room for nobody
+                    return          # closed since it sent the JOIN: nobody to create a room for
                 source = source_key(self.endpoint.peer_address(peer_id))
                 if self.rooms_by_source[source] >= self.rooms_per_source:
                     self._refuse(peer_id, "source_room_limit",
