@@ -387,8 +387,10 @@ class RelayTarget:
                    RELAY_ROOMS_EMPTY_TIMEOUT="1",
                    # The Python loader's bots all connect from 127.0.0.1 (the C loader's from
                    # their own 127.a.b.c): the per-source handshake rate limit (100/s, burst
-                   # 200 by default) would refuse most of a ramp step.
-                   RELAY_SECURITY_HANDSHAKE_RATE="0",
+                   # 200 by default) would refuse most of a ramp step, and open mode's
+                   # per-source caps (64 connections, 16 rooms) all but the first rooms.
+                   RELAY_SECURITY_HANDSHAKE_RATE="0", RELAY_SECURITY_MAX_SESSIONS_PER_SOURCE="0",
+                   RELAY_SECURITY_MAX_ROOMS_PER_SOURCE="0",
                    RELAY_REPLAY_ENABLED="false", RELAY_REPLAY_DIRECTORY=self.replay_dir,
                    **token_env)
         env.pop("RELAY_CONFIG", None)
@@ -1094,8 +1096,8 @@ def format_report(report: dict) -> str:
     lines.append(f"  server on CPU {SERVER_CPU}, load on CPU {LOAD_CPU}; rooms of {ROOM_SIZE} at "
                  f"{TICK_RATE} Hz, 16-byte inputs; CPU share = the process's user + system CPU time "
                  f"(softirq work done in its context included) / wall time")
-    lines.append("  relay serve runs with RELAY_SECURITY_HANDSHAKE_RATE=0 (no per-source handshake "
-                 "limit: the Python loader's bots all connect from 127.0.0.1), "
+    lines.append("  relay serve runs with RELAY_SECURITY_HANDSHAKE_RATE=0 and no per-source "
+                 "connection or room cap (the Python loader's bots all connect from 127.0.0.1), "
                  + ("token mode (a token per player, every session packet sealed)"
                     if report['settings'].get('security') == "token" else "open mode")
                  + ", replays off; "

@@ -20,6 +20,10 @@ Standalone:
 
     python benchmarks/loadgen.py --server 127.0.0.1:7777 --players 64 --seconds 10
 
+Every player's socket is on 127.0.0.1, one source to the relay: past 64 players (or 16 rooms)
+an open-mode relay needs RELAY_SECURITY_MAX_SESSIONS_PER_SOURCE=0 (and ..._MAX_ROOMS_...=0),
+and a fast ramp RELAY_SECURITY_HANDSHAKE_RATE=0, as capacity.py sets them.
+
 Agent mode (``--agent``, used by benchmarks/capacity.py): commands on stdin, one JSON object per
 line; answers on stdout, one JSON object per line:
 

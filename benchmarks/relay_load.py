@@ -67,8 +67,10 @@ def main() -> int:
                RELAY_SERVER_HTTP_PORT=str(http), RELAY_SERVER_TICK_RATE=str(args.tick_rate),
                RELAY_REPLAY_ENABLED="false", RELAY_SERVER_LOG_LEVEL="warning",
                RELAY_SERVER_DRAIN_TIMEOUT="0",
-               # All bots connect from 127.0.0.1: no per-source handshake rate limit.
-               RELAY_SECURITY_HANDSHAKE_RATE="0")
+               # All bots connect from 127.0.0.1: no per-source handshake rate limit, and no
+               # open mode per-source caps on connections and rooms.
+               RELAY_SECURITY_HANDSHAKE_RATE="0", RELAY_SECURITY_MAX_SESSIONS_PER_SOURCE="0",
+               RELAY_SECURITY_MAX_ROOMS_PER_SOURCE="0")
     server = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -95,7 +97,8 @@ def main() -> int:
     received = after["relay_received_bytes_total"] - before["relay_received_bytes_total"]
     print(f"relay_load: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()} (bots share the machine with the server; "
-          f"relay serve with RELAY_SECURITY_HANDSHAKE_RATE=0: every bot is on 127.0.0.1)")
+          f"relay serve with no per-source handshake, connection or room limit: every bot is on "
+          f"127.0.0.1)")
     print(f"  load            {args.rooms} rooms x {args.players} players = {players} players, "
           f"{args.tick_rate} Hz, {wall:.1f} s")
     print(f"  frames          {summary['frames_received']} received, gaps {summary['gaps']}, "

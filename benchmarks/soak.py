@@ -136,7 +136,11 @@ class RelayProcess:
                         RELAY_ROOMS_PLAYER_TIMEOUT=str(args.player_timeout),
                         RELAY_ROOMS_RECONNECT_GRACE=str(args.reconnect_grace),
                         RELAY_REPLAY_DIRECTORY=str(workdir / "replays"),
-                        RELAY_SECURITY_MODE=args.mode)
+                        RELAY_SECURITY_MODE=args.mode,
+                        # Every client comes through the one netem address: open mode's
+                        # per-source caps would count them all as one source.
+                        RELAY_SECURITY_MAX_SESSIONS_PER_SOURCE="0",
+                        RELAY_SECURITY_MAX_ROOMS_PER_SOURCE="0")
         if args.mode == "token":
             self.env["RELAY_SECURITY_KEYS"] = f"{KEY_ID}:{base64.b64encode(KEY).decode()}"
         self.env.pop("RELAY_CONFIG", None)

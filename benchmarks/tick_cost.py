@@ -46,7 +46,9 @@ class Harness:
     def __init__(self, players: int, tick_rate: int = 30, replays: bool = False):
         config = RelayConfig()
         config = dataclasses.replace(
-            config, security=dataclasses.replace(config.security, handshake_rate=0),
+            # Every player is on 127.0.0.2: no per-source limits.
+            config, security=dataclasses.replace(config.security, handshake_rate=0,
+                                                 max_sessions_per_source=0, max_rooms_per_source=0),
             server=dataclasses.replace(config.server, max_peers=max(players, 64)),
             rooms=dataclasses.replace(config.rooms, max_rooms=max(1, players // ROOM_SIZE + 1)),
             # As in benchmarks/capacity.py: replays are a disk feature with their own cost.

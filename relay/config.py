@@ -349,6 +349,14 @@ class SecuritySettings:
     """Handshake packets answered per second over all sources together; the rest of a flood of
     forged handshakes is dropped as handshake_budget, a client's resends first in line. 0:
     unlimited."""
+    # -- open mode per-source caps (docs/SECURITY.md, "Open mode: per-source caps") --
+    max_sessions_per_source: int = 64
+    """Open mode: connections at once from one source (an IPv4 address, an IPv6 /64); more are
+    refused in the handshake (source_session_limit). 0: unlimited. Token mode: no cap."""
+    max_rooms_per_source: int = 16
+    """Open mode: rooms alive at once that JOINs from one source created; a JOIN that would
+    create one more is refused (source_room_limit). Rooms made with POST /rooms do not count.
+    0: unlimited. Token mode: no cap."""
     admin_token: str = ""
     """Bearer token of the admin API; required when server.http_host is not loopback. Prefer
     admin_token_file or RELAY_SECURITY_ADMIN_TOKEN."""
@@ -365,6 +373,8 @@ class SecuritySettings:
         if self.handshake_budget != 0 and not 1.0 <= self.handshake_budget <= 10_000_000.0:
             raise ConfigError(f"security.handshake_budget={self.handshake_budget!r}: allowed 0 "
                               f"(unlimited) or 1.0..10000000.0 per second")
+        _check_range("security.max_sessions_per_source", self.max_sessions_per_source, 0, 1_000_000)
+        _check_range("security.max_rooms_per_source", self.max_rooms_per_source, 0, 1_000_000)
         keys = self.load_keys()
         if self.mint_key_id >= 0 and self.mint_key_id not in keys:
             raise ConfigError(f"security.mint_key_id={self.mint_key_id}: no key has this id "

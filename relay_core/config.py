@@ -163,6 +163,12 @@ class EndpointConfig:
     CPU a flood of forged handshakes from random sources can take from established sessions."""
     path_challenge_budget: int = 1024
     """Bytes of PATH_CHALLENGE we send to a peer's unvalidated new address."""
+    max_sessions_per_source: int = 0
+    """Server, open mode only: connected peers at once from one source (an IPv4 address, an
+    IPv6 /64; relay_core.sources); further connects from it are refused with
+    ``source_session_limit``, and a peer does not move to a source already at the limit. 0:
+    unlimited. Token mode ignores it: tokens authenticate, and a carrier-grade NAT may put
+    thousands of players behind one address."""
 
     def validate(self) -> "EndpointConfig":
         def bad(name: str, allowed: str) -> ConfigError:
@@ -258,6 +264,8 @@ class EndpointConfig:
             raise bad("handshake_budget", "None (unlimited) or a finite number >= 1 per second")
         if self.path_challenge_budget < 0:
             raise bad("path_challenge_budget", "must be >= 0 bytes")
+        if self.max_sessions_per_source < 0:
+            raise bad("max_sessions_per_source", "must be >= 0 (0: unlimited)")
         return self
 
     @property

@@ -84,6 +84,11 @@ cdef class Endpoint:
     cdef uint16_t* known_sessions
     cdef Py_ssize_t raw_admitted_requests
 
+    # open mode: connected peers per source (relay_core.sources), counted only with a limit
+    cdef Py_ssize_t max_sessions_per_source     # 0: unlimited (always 0 in token mode)
+    cdef dict source_sessions           # source -> its connected peers
+    cdef dict peer_sources              # peer_id -> source, for the peers counted
+
     # address migration (server): validating a connected peer's new address
     cdef Py_ssize_t path_challenge_budget
     cdef double path_retry_interval
@@ -126,6 +131,7 @@ cdef class Endpoint:
                               object address, double now)
     cdef bint _run_timers(self, Peer peer, double now)
     cdef void _close(self, Peer peer, str reason, int code)
+    cdef void _release_source(self, int peer_id)
     cdef int _new_peer_id(self)
     cdef uint32_t _random_u32(self)
 

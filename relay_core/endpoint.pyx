@@ -57,6 +57,7 @@ from relay_core.aead import AeadError, open_ as aead_open_bytes, seal as aead_se
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
 from relay_core.peer import STATE_NAMES
+from relay_core.sources import source_key
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
@@ -134,7 +135,7 @@ cdef uint64_t address_key(object address):
         return 0
 
 
-cdef uint64_t raw_source_key(const void* address) noexcept nogil:
+cdef uint64_t raw_rate_source(const void* address) noexcept nogil:
     """The handshake rate limit's source of a sockaddr: the IP (not the port, which a flooder
     picks freely); for IPv6 its /64, which one host or home network commonly owns whole, and
     an IPv4-mapped IPv6 address as its IPv4 address. Never 0; 0 for another family."""
@@ -159,8 +160,9 @@ cdef uint64_t raw_source_key(const void* address) noexcept nogil:
     return mix64(mix64(prefix) ^ (<uint64_t>6 << 56)) | 1
 
 
-cdef uint64_t source_key(object address):
-    """raw_source_key of an address as the transport hands it over (0: not an IP address)."""
+cdef uint64_t rate_source(object address):
+    """raw_rate_source of an address as the transport hands it over (0: not an IP address):
+    the source relay_core.sources.source_key names, as a 64-bit key."""
     cdef sockaddr_in sin
     cdef sockaddr_in6 sin6
     cdef bytes packed
@@ -171,11 +173,11 @@ cdef uint64_t source_key(object address):
             packed = socket.inet_pton(socket.AF_INET, address[0])
             sin.sin_family = AF_INET
             memcpy(&sin.sin_addr, <const char*>packed, 4)
-            return raw_source_key(&sin)
+            return raw_rate_source(&sin)
         packed = socket.inet_pton(socket.AF_INET6, address[0].partition("%")[0])
         sin6.sin6_family = AF_INET6
         memcpy(&sin6.sin6_addr, <const char*>packed, 16)
-        return raw_source_key(&sin6)
+        return raw_rate_source(&sin6)
     except (OSError, ValueError, TypeError):
         return 0
 
@@ -277,6 +279,9 @@ cdef class Endpoint:
             if self.known_addresses == NULL or self.known_sessions == NULL:
                 raise MemoryError()
         self.path_challenge_budget = self.config.path_challenge_budget
+        self.max_sessions_per_source = self.config.max_sessions_per_source if self.token_keys is None else 0
+        self.source_sessions = {}
+        self.peer_sources = {}
         self.path_retry_interval = self.config.connect_resend_interval
         self.path_counts = {"challenges_sent": 0, "challenge_bytes": 0, "budget_spent": 0,
                             "migrations": 0}
@@ -755,7 +760,7 @@ cdef class Endpoint:
         return hashlib.blake2s(message, key=self.cookie_key, digest_size=COOKIE_MAC_SIZE).digest()
 
     cdef bint _over_handshake_rate(self, uint64_t source, double now) noexcept:
-        """Charge one handshake packet to ``source``'s bucket (a source_key, or an address_key
+        """Charge one handshake packet to ``source``'s bucket (a rate_source, or an address_key
         for cookie-verified responses); True when it is empty (counted as rate_limited)."""
         cdef RateSlot* slot
         if self.rate_slots == NULL or source == 0:
@@ -820,7 +825,7 @@ cdef class Endpoint:
         key = raw_address_key(address)
         if key == 0 or decode_connect_request(p, n, &request) < 0:
             return 1
-        if not self._admit_request(key, raw_source_key(address), request.connect_id, now):
+        if not self._admit_request(key, raw_rate_source(address), request.connect_id, now):
             return 0
         self.raw_admitted_requests += 1         # charged: receive_batch does not charge it again
         return 1
@@ -905,7 +910,7 @@ cdef class Endpoint:
         connect_id = request.connect_id
         if self.raw_admitted_requests > 0:
             self.raw_admitted_requests -= 1     # admit_raw charged it when it was read
-        elif not self._admit_request(address_key(address), source_key(address), connect_id, now):
+        elif not self._admit_request(address_key(address), rate_source(address), connect_id, now):
             return
         # A mode mismatch is answered at once (REFUSE is 9 bytes, smaller than any request).
         if request.token_format == TOKEN_FORMAT_NONE and self.token_keys is not None:
@@ -989,6 +994,13 @@ cdef class Endpoint:
         if len(self.peers) >= self.max_peers:
             self._refuse(connect_id, "server_full", address)        # the token stays unused
             return
+        source = None
+        if self.max_sessions_per_source > 0:
+            # Open mode: one source must not hold every peer slot with bare connections.
+            source = source_key(address)
+            if self.source_sessions.get(source, 0) >= self.max_sessions_per_source:
+                self._refuse(connect_id, "source_session_limit", address)
+                return
         encrypted = claims is not None and self.encrypt_packets
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id,
                     self.block_budget, TAG_SIZE if encrypted else 0, None)
@@ -1010,6 +1022,9 @@ cdef class Endpoint:
         self.peers[peer.peer_id] = peer
         self.sessions[session_id] = peer
         self._know(address, session_id, 1)
+        if source is not None:
+            self.peer_sources[peer.peer_id] = source
+            self.source_sessions[source] = self.source_sessions.get(source, 0) + 1
         peer.admit(session_id, accept, claims, token or None, now, response.ack_delay_ms / 1000.0)
         self.control_out.append((accept, address))
 
@@ -1187,6 +1202,17 @@ cdef class Endpoint:
         if address in self.peers_by_address:
             self.drop_counts[DROP_PATH_UNVALIDATED] += 1      # taken by a new connection meanwhile
             return
+        source = self.peer_sources.get(peer.peer_id)
+        if source is not None:
+            moved_to = source_key(address)
+            if moved_to != source:
+                # Else moving sessions away would let one source open any number of them.
+                if self.source_sessions.get(moved_to, 0) >= self.max_sessions_per_source:
+                    self.drop_counts[DROP_PATH_UNVALIDATED] += 1
+                    return
+                self._release_source(peer.peer_id)
+                self.peer_sources[peer.peer_id] = moved_to
+                self.source_sessions[moved_to] = self.source_sessions.get(moved_to, 0) + 1
         old = peer.address
         del self.peers_by_address[old]
         self._know(old, 0, -1)
@@ -1219,6 +1245,7 @@ cdef class Endpoint:
         if self.sessions.get(peer.session_id) is peer:
             del self.sessions[peer.session_id]
             self._know(None, peer.session_id, -1)
+        self._release_source(peer.peer_id)
         peer.release()
         self.events.append(PeerDisconnected(peer.peer_id, peer.address, reason))
         if code >= 0 and peer.allows(TRIGGER_DISCONNECT):
@@ -1226,6 +1253,16 @@ cdef class Endpoint:
             self.closing.append(peer)
         else:
             peer.close()
+
+    cdef void _release_source(self, int peer_id):
+        source = self.peer_sources.pop(peer_id, None)
+        if source is None:
+            return
+        remaining = self.source_sessions[source] - 1
+        if remaining:
+            self.source_sessions[source] = remaining
+        else:
+            del self.source_sessions[source]       # forgotten, so the dict stays as small as the peers
 
     cdef int _new_peer_id(self):
         cdef int peer_id = self.next_peer_id

@@ -35,7 +35,7 @@ RECORD_KINDS = {RK_MESSAGE: "message", RK_FRAGMENT: "fragment",
 REASONS = {
     0: "closed", 1: "server_full", 2: "shutdown", 3: "kicked", 4: "timeout",
     5: "protocol_error", 6: "replaced", 7: "resend_limit", 8: "token_invalid", 9: "token_expired",
-    10: "token_used", 11: "token_required", 12: "token_unsupported",
+    10: "token_used", 11: "token_required", 12: "token_unsupported", 13: "source_session_limit",
 }
 REASON_CODES = {name: code for code, name in REASONS.items()}
 

@@ -52,6 +52,8 @@ HANDSHAKE_REFUSALS = {
                   "backend for a new one",
     "token_required": "this relay admits only clients with a connect token (token mode)",
     "token_unsupported": "this relay runs in open mode and takes no connect tokens",
+    "source_session_limit": "this address already has as many connections as the relay allows "
+                            "one address in open mode (security.max_sessions_per_source)",
 }
 """Why the relay may refuse a connection during the handshake (PeerDisconnected "refused:X")."""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Optional
+from typing import Hashable, Optional
 
 from relay import protocol
 from relay.config import RelayConfig, RoomSettings
@@ -32,6 +32,7 @@ from relay_core import (
     BlockDelivered, BlockReceived, Endpoint, EndpointConfig, MessageReceived, PeerConnected,
     PeerDisconnected, PeerMigrated,
 )
+from relay_core.sources import source_key
 from relay_core.token import TokenClaims
 
 ROOM_OPTION_TYPES: dict[str, type] = {
@@ -85,6 +86,8 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         handshake_rate=security.handshake_rate or None,
         handshake_burst=security.handshake_burst,
         handshake_budget=security.handshake_budget or None,
+        # Open mode only; the core ignores it in token mode.
+        max_sessions_per_source=security.max_sessions_per_source,
     )
 
 
@@ -133,6 +136,14 @@ class Lobby:
         self._roomless: dict[int, float] = {}
         """Connections in no room -> when they were first seen so (see close_roomless)."""
         self._reports: list[Report] = []
+        # Open mode: JOINs may create rooms, so one source could take every room slot.
+        self.rooms_per_source = (config.security.max_rooms_per_source
+                                 if config.security_mode == "open" else 0)
+        """Rooms alive at once that JOINs from one source created; 0: unlimited."""
+        self._room_source: dict[str, Hashable] = {}
+        """Room id -> the source whose JOIN created it (counted rooms only, while alive)."""
+        self.rooms_by_source: Counter = Counter()
+        """Source -> its counted rooms alive now (relay_core.sources.source_key)."""
         # INPUTs go from the core straight into their rooms (the STREAM channel's message
         # sink); the router holds who is in which room, the lobby seats and unseats peers.
         self.inputs = InputRouter()
@@ -271,11 +282,25 @@ class Lobby:
             if not self.settings.auto_create:
                 self._refuse(peer_id, "unknown_room", f"room {join.room} does not exist")
                 return
+            source = None
+            if self.rooms_per_source:
+                if not self.endpoint.is_connected(peer_id):
+                    return          # closed since it sent the JOIN: nobody to create a room for
+                source = source_key(self.endpoint.peer_address(peer_id))
+                if self.rooms_by_source[source] >= self.rooms_per_source:
+                    self._refuse(peer_id, "source_room_limit",
+                                 f"rooms created from this address are at their limit "
+                                 f"({self.rooms_per_source} open at once, "
+                                 f"security.max_rooms_per_source); join an existing room")
+                    return
             try:
                 room = self.create_room(join.room, {}, now)
             except RelayError as error:
                 self._refuse(peer_id, error.code, str(error))
                 return
+            if source is not None:
+                self._room_source[room.room_id] = source
+                self.rooms_by_source[source] += 1
         try:
             member = room.join(peer_id, join.player, join.spectator, now)
         except JoinRefused as refusal:
@@ -378,7 +403,12 @@ class Lobby:
         self._remove(room)
 
     def _remove(self, room: Room) -> None:
-        self.rooms.pop(room.room_id, None)
+        if self.rooms.pop(room.room_id, None) is room:
+            source = self._room_source.pop(room.room_id, None)
+            if source is not None:
+                self.rooms_by_source[source] -= 1
+                if not self.rooms_by_source[source]:
+                    del self.rooms_by_source[source]
         room.history.close()
         for peer_id in list(room.members):
             self.inputs.unseat(peer_id)

@@ -41,10 +41,10 @@ BLOCK_OUTCOMES = ("started", "delivered")
 JOIN_OUTCOMES = ("joined", "reconnected", "spectator", "refused")
 JOIN_REFUSAL_REASONS = ("room_full", "spectators_full", "too_many_rooms", "unknown_room",
                         "draining", "running", "room_ended", "slot_expired", "already_joined",
-                        "wrong_room", "wrong_player", "join_timeout")
+                        "wrong_room", "wrong_player", "join_timeout", "source_room_limit")
 """The usual refusal reasons, created at zero; any other reason gets its series when it happens."""
 HANDSHAKE_REFUSAL_REASONS = ("server_full", "token_invalid", "token_expired", "token_used",
-                             "token_required", "token_unsupported")
+                             "token_required", "token_unsupported", "source_session_limit")
 ADMIN_AUTH_FAILURES = ("missing", "malformed", "wrong")
 REPLAY_DISK_ACTIONS = ("deleted", "stopped", "not_recorded")
 
@@ -109,7 +109,7 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
      ("reason",), JOIN_REFUSAL_REASONS, {}),
     ("handshake_refusals", Counter, "relay_handshake_refusals_total",
      "Connections refused during the handshake (relay full, bad, expired or reused connect "
-     "token), by reason.", ("reason",), HANDSHAKE_REFUSAL_REASONS, {}),
+     "token, too many from one source in open mode), by reason.", ("reason",), HANDSHAKE_REFUSAL_REASONS, {}),
     ("security_open_mode", Gauge, "relay_security_open_mode",
      "1 when clients connect without connect tokens (open mode), 0 in token mode.", (), (), {}),
     ("admin_auth_failures", Counter, "relay_admin_auth_failures_total",

@@ -25,7 +25,8 @@ VECTOR_DIR = ROOT / "tests" / "vectors"
 FILES = ("data", "handshake", "malformed", "secure")
 REASON_CODES = {"closed": 0, "server_full": 1, "shutdown": 2, "kicked": 3, "timeout": 4,
                 "protocol_error": 5, "replaced": 6, "resend_limit": 7, "token_invalid": 8,
-                "token_expired": 9, "token_used": 10, "token_required": 11, "token_unsupported": 12}
+                "token_expired": 9, "token_used": 10, "token_required": 11, "token_unsupported": 12,
+                "source_session_limit": 13}
 TYPES = {"connect_request": 1, "challenge": 2, "connect_response": 3, "accept": 4, "refuse": 5,
          "data": 6, "disconnect": 7, "path_challenge": 8, "path_response": 9}
 

@@ -33,7 +33,9 @@ class Churn:
     def __init__(self, replay_directory: Path):
         config = RelayConfig()
         config = dataclasses.replace(
-            config, security=dataclasses.replace(config.security, handshake_rate=0),
+            # Every player is on 127.0.0.2: no per-source limits.
+            config, security=dataclasses.replace(config.security, handshake_rate=0,
+                                                 max_sessions_per_source=0, max_rooms_per_source=0),
             rooms=dataclasses.replace(config.rooms, empty_timeout=1.0),
             replay=dataclasses.replace(config.replay, enabled=True, directory=str(replay_directory)))
         self.server = RelayServer(config)

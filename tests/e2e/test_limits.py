@@ -102,6 +102,36 @@ def test_max_rooms_admits_exactly_that_many_rooms(tmp_path):
     run(scenario())
 
 
+def test_open_mode_sessions_per_source_admits_exactly_that_many_from_one_address(tmp_path):
+    async def scenario():
+        async with relay(tmp_path, RELAY_SECURITY_MODE="open", RELAY_SECURITY_MAX_SESSIONS_PER_SOURCE=2,
+                         RELAY_ROOMS_START_POLICY="admin") as server:
+            first = await server.join("r", "a")                     # every client on 127.0.0.1
+            await server.join("r", "b")
+            assert await server.refused("r", "c") == "source_session_limit"
+            assert metric(server, "relay_handshake_refusals_total", reason="source_session_limit") == 1
+            await first.close()                                     # one leaves, one gets in
+            await asyncio.sleep(0.1)
+            await server.join("r", "c")
+    run(scenario())
+
+
+def test_open_mode_rooms_per_source_admits_exactly_that_many_rooms_from_one_address(tmp_path):
+    async def scenario():
+        async with relay(tmp_path, RELAY_SECURITY_MODE="open", RELAY_SECURITY_MAX_ROOMS_PER_SOURCE=2,
+                         RELAY_ROOMS_START_POLICY="admin") as server:
+            await server.join("one", "a")
+            await server.join("two", "a")
+            assert await server.refused("three", "a") == "source_room_limit"
+            server.create_room("three")                   # the admin API's rooms do not count
+            await server.join("three", "a")               # existing rooms still take players
+            assert metric(server, "relay_join_refusals_total", reason="source_room_limit") == 1
+            server.end_room("one")                        # a room that ends frees its place
+            await server.join("four", "a")
+            assert sorted(server.rooms) == ["four", "three", "two"]
+    run(scenario())
+
+
 def test_room_capacity_admits_exactly_that_many_players(tmp_path):
     async def scenario():
         async with relay(tmp_path, RELAY_ROOMS_CAPACITY=2, RELAY_ROOMS_START_PLAYERS=2) as server:

@@ -3,6 +3,7 @@ Endpoint in memory, the clock is a number, and what the lobby did is read from i
 counts -- no socket, no event loop, no server."""
 from __future__ import annotations
 
+import base64
 import dataclasses
 
 import pytest
@@ -13,16 +14,17 @@ from relay.config import RelayConfig
 from relay.errors import Conflict, NotFound, RelayError, Unavailable
 from relay.server.lobby import LOBBY_EVENTS, Lobby, room_options
 from relay_core import Endpoint, MessageReceived
+from relay_core.token import mint_token
 
 SERVER = ("127.0.0.1", 7777)
 TICK = 1 / 30
 
 
 class Client:
-    def __init__(self, index: int, now: float):
-        self.address = ("127.0.0.2", 20000 + index)
+    def __init__(self, index: int, now: float, host: str = "127.0.0.2", token=None):
+        self.address = (host, 20000 + index)
         self.endpoint = Endpoint(client_config())
-        self.peer = self.endpoint.connect(SERVER, now)
+        self.peer = self.endpoint.connect(SERVER, now, token)
         self.control: list = []
         self.frames: list[int] = []
 
@@ -46,18 +48,18 @@ class Client:
 
 
 class World:
-    def __init__(self, **rooms):
+    def __init__(self, security=None, **rooms):
         config = RelayConfig()
         config = dataclasses.replace(
-            config, security=dataclasses.replace(config.security, handshake_rate=0),
+            config, security=dataclasses.replace(config.security, handshake_rate=0, **(security or {})),
             rooms=dataclasses.replace(config.rooms, **rooms))
         self.lobby = Lobby(config)
         self.now = 0.0
         self.clients: list[Client] = []
         self.reports: list = []
 
-    def client(self) -> Client:
-        client = Client(len(self.clients), self.now)
+    def client(self, host: str = "127.0.0.2", token=None) -> Client:
+        client = Client(len(self.clients), self.now, host, token)
         self.clients.append(client)
         return client
 
@@ -231,3 +233,71 @@ def test_every_report_kind_is_a_room_event_or_a_declared_lobby_event():
     world.exchange(0.3, tick=True)
     lobby_kinds = {e.kind for r, e in world.reports if r is None}
     assert lobby_kinds <= set(LOBBY_EVENTS)
+
+
+def test_open_mode_caps_the_rooms_one_source_creates_until_one_ends():
+    world = World(security={"max_rooms_per_source": 2}, start_players=8)
+    lobby = world.lobby
+    lobby.create_room("hall", {}, 0.0)              # the admin API's rooms do not count
+    first = [world.client() for _ in range(3)]      # one source (127.0.0.2), three ports
+    for index, client in enumerate(first):
+        client.join(f"mine{index}", "p")
+    world.exchange()
+    assert sorted(lobby.rooms) == ["hall", "mine0", "mine1"]
+    assert first[2].codes(protocol.REFUSED) == ["source_room_limit"]
+    assert lobby.counts["refusals", "source_room_limit"] == 1
+    refused = [e.detail for _, e in world.reports if e.kind == "join_refused"]
+    assert "security.max_rooms_per_source" in refused[0]["detail"]
+    # Joining a room that exists creates nothing: not limited.
+    first[2].join("hall", "p")
+    world.exchange()
+    assert len(lobby.rooms["hall"].members) == 1
+    assert first[2].codes(protocol.REFUSED) == ["source_room_limit"]
+    # Another source creates rooms as before.
+    other = world.client(host="127.0.0.3")
+    other.join("theirs", "q")
+    world.exchange()
+    assert "theirs" in lobby.rooms and not other.codes(protocol.REFUSED)
+    # A room that ends frees its place.
+    lobby.end_room("mine0", "admin")
+    late = world.client()
+    late.join("mine3", "p")
+    world.exchange()
+    assert "mine3" in lobby.rooms and not late.codes(protocol.REFUSED)
+    assert lobby.rooms_by_source == {"127.0.0.2": 2, "127.0.0.3": 1}
+
+
+def test_rooms_that_end_empty_free_their_source():
+    world = World(security={"max_rooms_per_source": 1}, start_players=8, empty_timeout=1.0)
+    lobby = world.lobby
+    ann = world.client()
+    ann.join("a", "ann")
+    world.exchange()
+    ann.endpoint.disconnect(ann.peer)
+    world.exchange(1.5, tick=True)
+    assert "a" not in lobby.rooms and lobby.rooms_by_source == {}
+    bob = world.client()
+    bob.join("b", "bob")
+    world.exchange()
+    assert "b" in lobby.rooms
+
+
+def test_rooms_per_source_0_is_unlimited():
+    world = World(security={"max_rooms_per_source": 0})
+    clients = [world.client() for _ in range(20)]
+    for index, client in enumerate(clients):
+        client.join(f"r{index}", "p")
+    world.exchange()
+    assert len(world.lobby.rooms) == 20
+
+
+def test_token_mode_does_not_cap_rooms_per_source():
+    key = bytes(range(32))
+    world = World(security={"mode": "token", "keys": f"1:{base64.b64encode(key).decode()}",
+                            "max_rooms_per_source": 1})
+    unix = world.lobby.endpoint.unix_offset + world.now
+    clients = [world.client(token=mint_token(key, 1, f"r{i}", "p", 60, now=unix)) for i in range(3)]
+    for index, client in enumerate(clients):
+        client.join(f"r{index}", "p")
+    world.exchange()
+    assert sorted(world.lobby.rooms) == ["r0", "r1", "r2"]

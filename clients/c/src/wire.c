@@ -17,7 +17,7 @@ static const char *const drop_names[RC_DROP_COUNT] = {
 static const char *const reason_names[] = {
     "closed", "server_full", "shutdown", "kicked", "timeout", "protocol_error", "replaced",
     "resend_limit", "token_invalid", "token_expired", "token_used", "token_required",
-    "token_unsupported"
+    "token_unsupported", "source_session_limit"
 };
 
 const char *rc_drop_name(int drop)

@@ -118,6 +118,10 @@ static void test_reason_text_uses_names_or_numbers(void)
     CHECK(strcmp(text, "remote:closed") == 0);
     rc_reason_text(text, sizeof text, "refused:", 12);
     CHECK(strcmp(text, "refused:token_unsupported") == 0);
+    rc_reason_text(text, sizeof text, "refused:", 13);
+    CHECK(strcmp(text, "refused:source_session_limit") == 0);
+    rc_reason_text(text, sizeof text, "refused:", 14);      /* a code from a newer relay */
+    CHECK(strcmp(text, "refused:14") == 0);
     rc_reason_text(text, sizeof text, "remote:", 200);
     CHECK(strcmp(text, "remote:200") == 0);
     CHECK(strcmp(rc_drop_name(RC_DROP_PATH_UNVALIDATED), "path_unvalidated") == 0);
