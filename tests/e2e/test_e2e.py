@@ -287,7 +287,7 @@ def test_admin_drain_lets_running_matches_finish_until_the_deadline(tmp_path):
 
 
 def test_the_relay_reports_to_the_agones_sidecar_and_asks_to_shut_down_when_drained(tmp_path):
-    from fake_sidecar import FakeSidecar
+    from agones_sidecar import SidecarStandIn as FakeSidecar
 
     async def scenario():
         sidecar = FakeSidecar()

@@ -12,7 +12,7 @@ from relay.server.agones import (
 )
 from relay.config import AgonesSettings
 
-from fake_sidecar import FakeSidecar
+from agones_sidecar import SidecarStandIn as FakeSidecar
 
 LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
 
@@ -35,7 +35,7 @@ class RecordingLog:
 
 def settings(port, **overrides):
     values = dict(enabled=True, port=port, health_interval=0.05, request_timeout=0.5,
-                  max_retries=3, backoff_initial=0.01, backoff_max=0.05)
+                  max_retries=3, backoff_initial=0.01, backoff_max=0.05, rooms_counter="")
     values.update(overrides)
     return AgonesSettings(**values)
 
@@ -68,7 +68,8 @@ def leftover_tasks():
     """Pending tasks other than this test's own and the fake sidecar's connection handlers."""
     def from_server(task):
         code = getattr(task.get_coro(), "cr_code", None)
-        return code is not None and "aiohttp/web_" in code.co_filename
+        return code is not None and ("aiohttp/web_" in code.co_filename
+                                     or code.co_filename.endswith("agones_sidecar.py"))
     return [t for t in asyncio.all_tasks()
             if t is not asyncio.current_task() and not from_server(t)]
 
@@ -261,7 +262,7 @@ def test_shutdown_posts_shutdown_once():
         assert await client.shutdown() is True
         assert sidecar.bodies("/shutdown") == [{}]
         assert client.stats()["shutdown_sent"]
-        assert (await client.get_gameserver())["object_meta"]["name"] == "gs-1"
+        assert (await client.get_gameserver())["object_meta"]["name"] == sidecar.name
         assert await client.allocate() is True
         assert sidecar.bodies("/allocate") == [{}]
         await client.stop()
@@ -270,24 +271,45 @@ def test_shutdown_posts_shutdown_once():
     asyncio.run(main())
 
 
-def test_shutdown_when_empty_after_the_last_match_ends():
+def test_when_empty_shutdown_after_the_last_room_ends():
     async def main():
         sidecar = await FakeSidecar().start()
-        client = AgonesClient(settings(sidecar.port, health_interval=10, shutdown_when_empty=True),
+        client = AgonesClient(settings(sidecar.port, health_interval=10, when_empty="shutdown"),
+                              log=RecordingLog())
+        await client.start()
+        await eventually(lambda: client.state == "Ready")
+        client.room_state("a", "running", 2)
+        client.room_state("b", "running", 2)
+        await eventually(lambda: sidecar.state == "Allocated")     # allocated itself
+        client.room_state("a", "ended", 0)               # b still running
+        await asyncio.sleep(0.05)
+        assert sidecar.paths("/shutdown") == [] and sidecar.paths("/ready")[1:] == []
+        client.room_state("b", "ended", 0)
+        await eventually(lambda: sidecar.state == "Shutdown")
+        client.room_state("b", "ended", 0)
+        await asyncio.sleep(0.05)
+        assert len(sidecar.paths("/shutdown")) == 1
+        await client.stop()
+        await sidecar.stop()
+
+    asyncio.run(main())
+
+
+def test_when_empty_shutdown_without_a_watch_needs_a_match():
+    async def main():
+        sidecar = await FakeSidecar().start()
+        sidecar.fail["/watch/gameserver"] = 1000        # state unknown
+        client = AgonesClient(settings(sidecar.port, health_interval=10, when_empty="shutdown",
+                                       backoff_max=0.01),
                               log=RecordingLog())
         await client.start()
         client.room_state("lobby", "waiting", 0)
         client.room_state("lobby", "ended", 0)           # no match ran yet: stay up
-        client.room_state("a", "running", 2)
-        client.room_state("b", "running", 2)
-        client.room_state("a", "ended", 0)               # b still running
         await asyncio.sleep(0.05)
         assert sidecar.paths("/shutdown") == []
-        client.room_state("b", "ended", 0)
+        client.room_state("a", "running", 2)
+        client.room_state("a", "ended", 0)
         await eventually(lambda: sidecar.paths("/shutdown"))
-        client.room_state("b", "ended", 0)
-        await asyncio.sleep(0.05)
-        assert len(sidecar.paths("/shutdown")) == 1
         await client.stop()
         await sidecar.stop()
 
