@@ -3,7 +3,7 @@
 What it models (learned from Agones' pkg/sdkserver, sdks/swagger and pkg/util/runtime):
 
 * the routes and methods of the SDK (sdk, alpha and beta swagger files); anything else is
-  refused (404, or 405 for a wrong method);
+  404 {"code": 5, "message": "Not Found"};
 * request bodies as protojson reads them: protobuf or JSON field names, int64 as a number or a
   string, unknown fields ignored, a body that is not JSON -> 400 {"code": 3};
 * answers as the gateway writes them: protobuf field names, every field present, int64 as
@@ -224,6 +224,10 @@ class SidecarStandIn:
             return self._error(refusal)
         return web.json_response(result)
 
+    async def _not_found(self, request):
+        self.calls.append((time.monotonic(), request.method, request.path, None))
+        return self._error(Refused(404, 5, "Not Found"))
+
     def _error(self, refusal):
         return web.json_response({"code": refusal.code, "message": refusal.message, "details": []},
                                  status=refusal.status)
@@ -383,6 +387,7 @@ class SidecarStandIn:
         app = web.Application()
         for method, path in self.ROUTES:
             app.router.add_route(method, path, self.handle)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", port)

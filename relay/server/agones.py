@@ -255,6 +255,8 @@ class AgonesClient:
         self._draining = False
         self._ever_held = False
         self._watching = False
+        self._state_target: Optional[str] = None
+        self._state_target_until = 0.0
         self.state: Optional[str] = None
         """The GameServer's state as last seen on the watch (Ready, Allocated, ...)."""
         self.gameserver: Optional[dict] = None
@@ -422,6 +424,7 @@ class AgonesClient:
     def _allocation_seen(self, room: str, value: str) -> None:
         """A new relay.rooms/<room> annotation: an allocation took a slot for ``room``."""
         self.allocations_seen += 1
+        self._ever_held = True
         if room in self._rooms:
             # Created before its annotation arrived (admin API, a JOIN): if the relay counted it
             # itself, the allocation's slot is one too many.
@@ -531,10 +534,14 @@ class AgonesClient:
             return
         if self._state_task is not None and not self._state_task.done():
             return
+        if self._state_target is not None:
+            if self.state != self._state_target and self._now() < self._state_target_until:
+                return          # asked for already; the watch has not shown it yet
+            self._state_target = None
         held = self.held()
         if held and self.state == "Ready":
             self.self_allocations += 1
-            self._state_call("/allocate", "allocate")
+            self._state_call("/allocate", "allocate", "Allocated")
             return
         if held or not self._ever_held or self._counter_busy or self._counter_ops:
             return
@@ -549,14 +556,20 @@ class AgonesClient:
         if self.state == "Allocated":
             self.returned_ready += 1
             self.log.info("agones_empty", detail="no room left; back to Ready")
-            self._state_call("/ready", "ready_again")
+            self._state_call("/ready", "ready_again", "Ready")
 
-    def _state_call(self, path: str, what: str) -> None:
+    def _state_call(self, path: str, what: str, target: str) -> None:
         async def call() -> None:
             if await self._send_with_retries("POST", path, {}, what):
-                # The watch will say so; assume it until then (no second call meanwhile).
-                self.state = "Allocated" if path == "/allocate" else "Ready"
+                # Watch events already on their way still show the old state: no second call
+                # until the watch shows this one (or a while passed).
+                self._state_target = target
+                self._state_target_until = self._now() + 5 * self.settings.request_timeout
         self._state_task = asyncio.get_running_loop().create_task(call(), name=f"agones-{what}")
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
 
     def _on_gameserver(self, gameserver: dict) -> None:
         self.gameserver = gameserver
