@@ -76,6 +76,9 @@ import aiohttp
 from relay.config import AgonesSettings
 from relay.logs import get_logger
 
+MIN_AGONES_VERSION = "1.41.0"
+"""The oldest Agones the relay and deploy/kubernetes/agones/ work with: Counters (CountsAndLists)
+became beta, on by default, in 1.41; the manifests use only fields its CRDs know."""
 DEFAULT_PORT = 9358
 PORT_ENV = "AGONES_SDK_HTTP_PORT"
 SDK_PREFIX = "agones.dev/sdk-"
