@@ -185,9 +185,9 @@ class Fleet:
 
     def _pick(self, state: str, need: int) -> Optional[Relay]:
         if state == READY:
-            for relay in self.ready.values():
-                if relay.capacity - relay.count >= need:
-                    return relay
+            for ready in self.ready.values():
+                if ready.capacity - ready.count >= need:
+                    return ready
             return None
         while self.heap:
             _key, ident, count = self.heap[0]
