@@ -3,9 +3,9 @@
 For one match (its players) ``allocate_match``:
 
 1. asks Agones for a room slot: a GameServerAllocation like deploy/kubernetes/agones/
-   allocation.yaml (an Allocated relay with a free slot first, the fullest first, else a Ready
-   one; the Counter action takes the slot in the same update), naming the room and its players
-   in the annotation ``relay.rooms/<room>``;
+   allocation.yaml (a relay of the current release first; an Allocated relay with a free slot
+   before a Ready one, the fullest first; the Counter action takes the slot in the same
+   update), naming the room and its players in the annotation ``relay.rooms/<room>``;
 2. creates the room on the chosen relay through its admin API (``POST /rooms`` with
    ``"allocated": true``, on the pod's IP; the relay may already have created it from the
    annotation, then this returns it as it is);
@@ -65,18 +65,22 @@ class Match:
 
 
 def allocation_body(fleet: str, room: str, players: list[str], counter: str = "rooms",
-                    options: Optional[dict] = None) -> dict:
-    """The GameServerAllocation for one room (deploy/kubernetes/agones/allocation.yaml)."""
+                    options: Optional[dict] = None, release: Optional[str] = None) -> dict:
+    """The GameServerAllocation for one room (deploy/kubernetes/agones/allocation.yaml):
+    relays of ``release`` (their app.kubernetes.io/version label) first, when given."""
     spec = {"players": players, **(options or {})}
-    selector = {"matchLabels": {"agones.dev/fleet": fleet},
-                "counters": {counter: {"minAvailable": 1}}}
+    labels = [{"agones.dev/fleet": fleet}]
+    if release:
+        labels.insert(0, {"agones.dev/fleet": fleet, "app.kubernetes.io/version": release})
+    selectors = [{"matchLabels": match, "gameServerState": state,
+                  "counters": {counter: {"minAvailable": 1}}}
+                 for match in labels for state in ("Allocated", "Ready")]
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "GameServerAllocation",
         "metadata": {"generateName": f"{fleet}-room-"},
         "spec": {
             "scheduling": "Packed",
-            "selectors": [{**selector, "gameServerState": "Allocated"},
-                          {**selector, "gameServerState": "Ready"}],
+            "selectors": selectors,
             "priorities": [{"type": "Counter", "key": counter, "order": "Ascending"}],
             "counters": {counter: {"action": "Increment", "amount": 1}},
             "metadata": {"annotations": {ALLOCATION_PREFIX + room: json.dumps(spec)}},
@@ -96,7 +100,7 @@ class Allocator:
 
     def __init__(self, custom_api: Any, core_api: Any, keys: dict[int, bytes], key_id: int, *,
                  namespace: str = "default", fleet: str = "relay", counter: str = "rooms",
-                 admin_token: Optional[str] = None, admin_port: int = ADMIN_PORT,
+                 release: Optional[str] = None, admin_token: Optional[str] = None, admin_port: int = ADMIN_PORT,
                  token_ttl: float = 60.0, request_timeout: float = 5.0):
         if key_id not in keys:
             raise ValueError(f"key id {key_id}: not among the keys given")
@@ -104,6 +108,7 @@ class Allocator:
         self.core_api = core_api
         self.keys, self.key_id = keys, key_id
         self.namespace, self.fleet, self.counter = namespace, fleet, counter
+        self.release = release
         self.admin_token = admin_token
         self.admin_port = admin_port
         self.token_ttl = token_ttl
@@ -126,7 +131,7 @@ class Allocator:
         return match
 
     def _allocate(self, room: str, players: list[str], options: Optional[dict]) -> dict:
-        body = allocation_body(self.fleet, room, players, self.counter, options)
+        body = allocation_body(self.fleet, room, players, self.counter, options, self.release)
         for attempt in range(CONTENTION_RETRIES):
             result = self.custom_api.create_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, PLURAL, body)
@@ -160,6 +165,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--players", required=True, help="comma-separated player names")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--fleet", default="relay")
+    parser.add_argument("--release", help="prefer relays of this release (the Fleet template's "
+                                          "app.kubernetes.io/version label)")
     parser.add_argument("--keys-file", help="the relays' token keys (TOML ID = \"BASE64KEY\")")
     parser.add_argument("--admin-token-file", help="the relays' admin API bearer token")
     parser.add_argument("--ttl", type=float, default=60.0, help="token lifetime, seconds")
@@ -180,7 +187,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except config.ConfigException:
         config.load_kube_config()
     allocator = Allocator(client.CustomObjectsApi(), client.CoreV1Api(), keys, key_id,
-                          namespace=args.namespace, fleet=args.fleet, admin_token=admin_token,
+                          namespace=args.namespace, fleet=args.fleet, release=args.release,
+                          admin_token=admin_token,
                           token_ttl=args.ttl)
     players = [name for name in args.players.split(",") if name]
     try:

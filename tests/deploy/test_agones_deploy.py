@@ -231,9 +231,14 @@ def test_allocation_packs_rooms_and_takes_the_slot_atomically():
     fleet = load_yaml(FLEET)
     counter = relay_config().agones.rooms_counter
     states = [selector["gameServerState"] for selector in spec["selectors"]]
-    assert states == ["Allocated", "Ready"], "an Allocated relay with a free slot first"
+    assert states == ["Allocated", "Ready"] * 2, "an Allocated relay with a free slot first"
+    release = fleet["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"]
+    (image,) = load_yaml(KUSTOMIZATION)["images"]
+    assert release == image["newTag"], "the template's release label is the image tag"
+    fleet_label = {"agones.dev/fleet": fleet["metadata"]["name"]}
+    assert [s["matchLabels"] for s in spec["selectors"]] == [
+        {**fleet_label, "app.kubernetes.io/version": release}] * 2 + [fleet_label] * 2
     for selector in spec["selectors"]:
-        assert selector["matchLabels"] == {"agones.dev/fleet": fleet["metadata"]["name"]}
         assert selector["counters"][counter]["minAvailable"] >= 1
     # Ascending: the least available capacity first, i.e. the fullest relay.
     assert spec["priorities"][0] == {"type": "Counter", "key": counter, "order": "Ascending"}

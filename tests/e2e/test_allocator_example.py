@@ -40,6 +40,7 @@ class KubernetesStandIn:
 
     def __init__(self, loop, sidecar, udp_port):
         self.loop, self.sidecar, self.udp_port = loop, sidecar, udp_port
+        self.labels = {"agones.dev/fleet": "relay", "app.kubernetes.io/version": "0.0.9"}
         self.requests = []
 
     def create_namespaced_custom_object(self, group, version, namespace, plural, body):
@@ -51,7 +52,7 @@ class KubernetesStandIn:
 
         async def apply():
             for selector in spec["selectors"]:
-                if selector["matchLabels"] != {"agones.dev/fleet": "relay"}:
+                if any(self.labels.get(k) != v for k, v in selector["matchLabels"].items()):
                     continue
                 minimum = {key: c["minAvailable"] for key, c in selector["counters"].items()}
                 if self.sidecar.allocate(states=(selector["gameServerState"],),
@@ -74,7 +75,8 @@ class KubernetesStandIn:
 
 def test_allocation_body_is_the_shipped_allocation():
     shipped = yaml.safe_load((ROOT / "deploy/kubernetes/agones/allocation.yaml").read_text())
-    body = allocator.allocation_body("relay", "m-1", ["a", "b"])
+    release = shipped["spec"]["selectors"][0]["matchLabels"]["app.kubernetes.io/version"]
+    body = allocator.allocation_body("relay", "m-1", ["a", "b"], release=release)
     annotations = body["spec"].pop("metadata")["annotations"]
     shipped["spec"].pop("metadata")
     assert body["spec"] == shipped["spec"]
@@ -102,7 +104,9 @@ def test_from_matchmaker_to_first_frame(tmp_path):
         server = RelayServer(config)
         await server.start()
         kube = KubernetesStandIn(asyncio.get_running_loop(), sidecar, server.udp_address[1])
-        backend = allocator.Allocator(kube, kube, {1: key}, 1, admin_token=ADMIN_TOKEN,
+        # A relay of an older release: taken only because no relay of 0.1.0 exists.
+        backend = allocator.Allocator(kube, kube, {1: key}, 1, release="0.1.0",
+                                      admin_token=ADMIN_TOKEN,
                                       admin_port=server.http_port, token_ttl=30)
         players = []
         try:
