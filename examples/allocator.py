@@ -5,7 +5,7 @@ For one match (its players) ``allocate_match``:
 1. asks Agones for a room slot: a GameServerAllocation like deploy/kubernetes/agones/
    allocation.yaml (a relay of the current release first; an Allocated relay with a free slot
    before a Ready one, the fullest first; the Counter action takes the slot in the same
-   update), naming the room and its players in the annotation ``relay.rooms/<room>``;
+   update), naming the room and its players in the annotation ``relay.rooms/allocation``;
 2. creates the room on the chosen relay through its admin API (``POST /rooms`` with
    ``"allocated": true``, on the pod's IP; the relay may already have created it from the
    annotation, then this returns it as it is);
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from relay.config import ConfigError, minting_keys
-from relay.server.agones import ALLOCATION_PREFIX
+from relay.server.agones import ALLOCATION_ANNOTATION
 from relay_core.token import mint_token
 
 GROUP, VERSION, PLURAL = "allocation.agones.dev", "v1", "gameserverallocations"
@@ -68,7 +68,7 @@ def allocation_body(fleet: str, room: str, players: list[str], counter: str = "r
                     options: Optional[dict] = None, release: Optional[str] = None) -> dict:
     """The GameServerAllocation for one room (deploy/kubernetes/agones/allocation.yaml):
     relays of ``release`` (their app.kubernetes.io/version label) first, when given."""
-    spec = {"players": players, **(options or {})}
+    spec = {"room": room, "players": players, **(options or {})}
     labels = [{"agones.dev/fleet": fleet}]
     if release:
         labels.insert(0, {"agones.dev/fleet": fleet, "app.kubernetes.io/version": release})
@@ -83,13 +83,13 @@ def allocation_body(fleet: str, room: str, players: list[str], counter: str = "r
             "selectors": selectors,
             "priorities": [{"type": "Counter", "key": counter, "order": "Ascending"}],
             "counters": {counter: {"action": "Increment", "amount": 1}},
-            "metadata": {"annotations": {ALLOCATION_PREFIX + room: json.dumps(spec)}},
+            "metadata": {"annotations": {ALLOCATION_ANNOTATION: json.dumps(spec)}},
         },
     }
 
 
 def new_room_name() -> str:
-    """Unique per match, and a valid annotation key name (the relay reads it from there)."""
+    """Unique per match (the relay tells allocations apart by their room)."""
     return "m-" + secrets.token_hex(10)
 
 

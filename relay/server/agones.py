@@ -30,9 +30,10 @@ Rooms as Agones capacity (one GameServer hosts up to ``rooms.max_rooms`` rooms):
   refuses (no slot left) is not undone later, and an allocation that turns out to be for a room
   the relay already counted gives its extra slot back.
 * The relay watches its GameServer (GET /watch/gameserver, reconnecting with backoff). Each
-  allocation attaches one annotation ``relay.rooms/<room>`` (JSON room spec, see
-  ``parse_allocation``) through the allocation's ``metadata``; a new one makes the relay create
-  that room (``on_allocation``). ``agones.dev/last-allocated`` is logged.
+  allocation sets the annotation ``relay.rooms/allocation`` to the room it is for (JSON, see
+  ``parse_allocation``) through the allocation's ``metadata``; a new value makes the relay
+  create that room (``on_allocation``). ``agones.dev/last-allocated`` is logged. Slots the
+  Counter holds for rooms that never appear are given back after ``ALLOCATION_GRACE``.
 * State: while any room is held (or an allocation is being created) the GameServer is kept
   Allocated (the relay calls Allocate when it is Ready, e.g. a room created through the admin
   API); a fleet scale-down or rolling update never deletes an Allocated GameServer. When it holds
@@ -96,8 +97,14 @@ MAX_PENDING = 1024
 MAX_ROOM_ANNOTATIONS = 128
 LIVE_ROOM_STATES = ("waiting", "running")
 
-ALLOCATION_PREFIX = "relay.rooms/"
-"""An allocation names the room it is for with the GameServer annotation relay.rooms/<room>."""
+ALLOCATION_ANNOTATION = "relay.rooms/allocation"
+"""The GameServer annotation each allocation sets (its ``metadata``) to the room it is for, as
+JSON (``parse_allocation``). One key, overwritten by every allocation: a key per room would grow
+the GameServer past Kubernetes' 256 KiB of annotations within a few thousand matches."""
+ALLOCATION_GRACE = 60.0
+"""Seconds the Counter may hold more slots than the relay has rooms for (allocations that named
+no room, or whose annotation the watch never showed and whose room nobody created through the
+admin API) before the relay gives the extra slots back."""
 LAST_ALLOCATED = "agones.dev/last-allocated"
 """Set by Agones on every allocation (an RFC 3339 time)."""
 MAX_ENDED_ROOMS = 4096
@@ -107,15 +114,17 @@ ROOM_SPEC_OPTIONS = {"capacity": int, "start_policy": str, "start_players": int}
 
 
 def parse_allocation(value: str) -> dict:
-    """The room spec an allocation attached (the annotation's value): a JSON object with
-    optional ``players`` (player names) and room options ``capacity``, ``start_policy``,
-    ``start_players``. Without ``capacity`` but with players, the room has one slot per player.
-    ValueError names what is wrong."""
-    value = value.strip()
-    spec = json.loads(value) if value else {}
+    """The room an allocation is for (the annotation's value): a JSON object with ``room`` (its
+    name, 1..64 characters, unique per match), optional ``players`` (player names) and room
+    options ``capacity``, ``start_policy``, ``start_players``. Without ``capacity`` but with
+    players, the room has one slot per player. ValueError names what is wrong."""
+    spec = json.loads(value)
     if not isinstance(spec, dict):
         raise ValueError("the room spec must be a JSON object")
-    unknown = set(spec) - set(ROOM_SPEC_OPTIONS) - {"players"}
+    room = spec.get("room")
+    if not isinstance(room, str) or not 1 <= len(room) <= 64:
+        raise ValueError("room must be a name of 1..64 characters")
+    unknown = set(spec) - set(ROOM_SPEC_OPTIONS) - {"players", "room"}
     if unknown:
         raise ValueError(f"unknown room spec field {sorted(unknown)[0]!r}")
     players = spec.get("players", [])
@@ -129,7 +138,7 @@ def parse_allocation(value: str) -> dict:
             options[key] = spec[key]
     if players and "capacity" not in options:
         options["capacity"] = len(players)
-    return {"players": list(players), "options": options}
+    return {"room": room, "players": list(players), "options": options}
 
 _INVALID_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 _EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
@@ -245,7 +254,8 @@ class AgonesClient:
         """Rooms the admin API said an allocation counted, before its annotation was seen."""
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._pending_allocations: set[str] = set()
-        self._seen_annotations: dict[str, str] = {}
+        self._allocation_value: Optional[str] = None
+        self._excess_since: Optional[float] = None
         self._seeded = False
         self._counted: dict[str, bool] = {}
         """Rooms the Counter holds a slot for, as the counter task learned from Agones' answers."""
@@ -269,6 +279,7 @@ class AgonesClient:
         self.allocations_seen = 0
         self.allocations_failed = 0
         self.counter_refused = 0
+        self.counter_repaired = 0
         self.self_allocations = 0
         self.returned_ready = 0
         self.watch_events = 0
@@ -424,8 +435,8 @@ class AgonesClient:
             self._ended.popitem(last=False)
         self._counter_op("free", room)
 
-    def _allocation_seen(self, room: str, value: str) -> None:
-        """A new relay.rooms/<room> annotation: an allocation took a slot for ``room``."""
+    def _allocation_seen(self, room: str, spec: dict) -> None:
+        """A new relay.rooms/allocation value: an allocation took a slot for ``room``."""
         self.allocations_seen += 1
         self._ever_held = True
         if room in self._rooms:
@@ -439,12 +450,6 @@ class AgonesClient:
             if self._ended.pop(room) == "self":
                 self._counter_op("give_back", room)     # ended before its allocation showed up
             return
-        try:
-            spec = parse_allocation(value)
-        except ValueError as error:
-            self.log.warning("agones_allocation_spec_invalid", room=room, error=str(error),
-                             detail="creating the room with the default options")
-            spec = {"players": [], "options": {}}
         self._pending_allocations.add(room)
         created = False
         if self.on_allocation is not None and not self._draining:
@@ -488,6 +493,8 @@ class AgonesClient:
                 self._counted[room] = True
             elif op == "give_back":
                 await self._update_counter({"countDiff": "-1"}, op, room)
+            elif op == "repair":        # ``room`` holds the number of slots
+                await self._update_counter({"countDiff": str(-int(room))}, op, "")
             elif op == "capacity":
                 self._counted.clear()
                 await self._update_counter({"capacity": room}, op, "")
@@ -523,6 +530,29 @@ class AgonesClient:
         self.log.warning("agones_counter_update_dropped", op=op, room=room, body=body,
                          error=self.last_error)
         return False
+
+    def _check_excess_slots(self, now: float) -> None:
+        """More slots taken than rooms the relay counts, for ALLOCATION_GRACE: give them back."""
+        if (not self.counter or self._draining or not self._watching or self.counter_seen is None
+                or self._counter_busy or self._counter_ops or self._pending_allocations):
+            return
+        expected = sum(1 for room in self._rooms if self._counted.get(room))
+        excess = self.counter_seen[0] - expected
+        if excess <= 0:
+            self._excess_since = None
+            return
+        if self._excess_since is None:
+            self._excess_since = now
+            return
+        if now - self._excess_since < ALLOCATION_GRACE:
+            return
+        self._excess_since = None
+        self.counter_repaired += excess
+        self.log.warning("agones_counter_repaired", slots=excess, count=self.counter_seen[0],
+                         rooms=expected, detail="slots taken by allocations whose room never "
+                         "appeared; given back")
+        self._counter_ops.append(("repair", str(excess)))
+        self._counter_wakeup.set()
 
     # -- the GameServer: watch and state ----------------------------------------------------
 
@@ -595,20 +625,24 @@ class AgonesClient:
             if self.last_allocated is not None or self._seeded:
                 self.log.info("agones_allocated", at=last, state=state)
             self.last_allocated = last
-        fresh = []
-        for key, value in annotations.items():
-            if key.startswith(ALLOCATION_PREFIX) and self._seen_annotations.get(key) != value:
-                self._seen_annotations[key] = value
-                fresh.append((key[len(ALLOCATION_PREFIX):], value))
+        value = annotations.get(ALLOCATION_ANNOTATION)
+        fresh = value is not None and value != self._allocation_value
+        self._allocation_value = value
         if not self._seeded:
             # What is there before the relay ever was Ready belongs to an earlier process.
             self._seeded = True
-            if fresh:
-                self.log.info("agones_stale_allocations", rooms=len(fresh))
-            fresh = []
-        for room, value in fresh:
-            if room:
-                self._allocation_seen(room, value)
+            fresh = False
+        if fresh:
+            assert value is not None
+            try:
+                spec = parse_allocation(value)
+            except ValueError as error:
+                self.allocations_failed += 1
+                self.log.warning("agones_allocation_unreadable", value=value[:200],
+                                 error=str(error), detail=f"{ALLOCATION_ANNOTATION} must be "
+                                 "JSON with the room; the slot goes back after a grace period")
+            else:
+                self._allocation_seen(spec["room"], spec)
         self._reconcile_state()
 
     async def _seed(self) -> None:
@@ -797,7 +831,8 @@ class AgonesClient:
             "counter_seen": list(self.counter_seen) if self.counter_seen else None,
             "rooms_held": self.held(), "allocations_seen": self.allocations_seen,
             "allocations_failed": self.allocations_failed,
-            "counter_refused": self.counter_refused, "self_allocations": self.self_allocations,
+            "counter_refused": self.counter_refused, "counter_repaired": self.counter_repaired,
+            "self_allocations": self.self_allocations,
             "returned_ready": self.returned_ready, "watch_events": self.watch_events,
         }
 
@@ -842,6 +877,7 @@ class AgonesClient:
                 if not self._unreachable:
                     self.log.warning("agones_health_failed", error=self.last_error,
                                      detail="pinging again every interval")
+            self._check_excess_slots(loop.time())
             due += interval
             now = loop.time()
             if due < now:       # a slow request or a stalled loop: no burst of catch-up pings

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 
 from relay.config import load_config
-from relay.server.agones import ALLOCATION_PREFIX, MIN_AGONES_VERSION, parse_allocation
+from relay.server.agones import ALLOCATION_ANNOTATION, MIN_AGONES_VERSION, parse_allocation
 
 from test_deploy import DEPLOY, FLEET, AUTOSCALER, _containers, _env, load_yaml, validate
 
@@ -247,10 +247,9 @@ def test_allocation_packs_rooms_and_takes_the_slot_atomically():
     assert action["amount"] <= min(s["counters"][counter]["minAvailable"] for s in spec["selectors"])
     # The room travels as the relay reads it.
     (key, value), = spec["metadata"]["annotations"].items()
-    assert key.startswith(ALLOCATION_PREFIX)
-    room = key[len(ALLOCATION_PREFIX):]
-    assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", room)
-    assert parse_allocation(value)["players"]
+    assert key == ALLOCATION_ANNOTATION
+    room = parse_allocation(value)
+    assert room["room"] and room["players"]
     # A request, not a resource: never applied with the kustomization.
     assert "allocation.yaml" not in load_yaml(KUSTOMIZATION)["resources"]
 

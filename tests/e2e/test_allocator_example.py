@@ -80,7 +80,8 @@ def test_allocation_body_is_the_shipped_allocation():
     annotations = body["spec"].pop("metadata")["annotations"]
     shipped["spec"].pop("metadata")
     assert body["spec"] == shipped["spec"]
-    assert json.loads(annotations["relay.rooms/m-1"]) == {"players": ["a", "b"]}
+    assert json.loads(annotations["relay.rooms/allocation"]) == {"room": "m-1",
+                                                                 "players": ["a", "b"]}
     jsonschema.Draft202012Validator(SCHEMA).validate(body)
 
 

@@ -287,10 +287,10 @@ def test_admin_drain_lets_running_matches_finish_until_the_deadline(tmp_path):
 
 
 def test_the_relay_reports_to_the_agones_sidecar_and_asks_to_shut_down_when_drained(tmp_path):
-    from agones_sidecar import SidecarStandIn as FakeSidecar
+    from agones_sidecar import SidecarStandIn
 
     async def scenario():
-        sidecar = FakeSidecar(counters={"rooms": (0, 1000)})
+        sidecar = SidecarStandIn(counters={"rooms": (0, 1000)})
         await sidecar.start()
         config = server_config(tmp_path)
         config.agones.enabled = True

@@ -1,4 +1,4 @@
-"""Agones SDK client against a fake sidecar (aiohttp) that records every call."""
+"""Agones SDK client against the stand-in sidecar (tests/agones_sidecar.py), which records every call."""
 import asyncio
 import json
 import re
@@ -12,7 +12,7 @@ from relay.server.agones import (
 )
 from relay.config import AgonesSettings
 
-from agones_sidecar import SidecarStandIn as FakeSidecar
+from agones_sidecar import SidecarStandIn
 
 LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
 
@@ -110,7 +110,7 @@ def test_port_comes_from_settings_then_environment_then_default():
 
 def test_ready_after_start_then_health_at_the_interval():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port), log=RecordingLog())
         await client.start()
         assert [(c[1], c[2], c[3]) for c in sidecar.paths("/ready")] == [("POST", "/ready", {})]
@@ -132,7 +132,7 @@ def test_ready_after_start_then_health_at_the_interval():
 
 def test_labels_and_annotations_are_sanitized_and_coalesced():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=RecordingLog())
         await client.start()
         client.room_state("lobby 1/ü", "waiting", 0)
@@ -178,7 +178,7 @@ def test_labels_and_annotations_are_sanitized_and_coalesced():
 
 def test_a_value_set_back_while_another_is_in_flight_is_still_sent():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=RecordingLog())
         await client.start()
         client.set_label("mode", "a")
@@ -198,7 +198,7 @@ def test_a_value_set_back_while_another_is_in_flight_is_still_sent():
 
 def test_player_tracking_on_and_off():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         on = AgonesClient(settings(sidecar.port, health_interval=10, player_tracking=True),
                           log=RecordingLog())
         await on.start()
@@ -235,7 +235,7 @@ def test_player_tracking_on_and_off():
 
 def test_player_tracking_feature_gate_off_disables_tracking_with_one_warning():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.fail["/alpha/player/connect"] = 100
         sidecar.fail_text["/alpha/player/connect"] = "PlayerTracking not enabled"
         log = RecordingLog()
@@ -255,7 +255,7 @@ def test_player_tracking_feature_gate_off_disables_tracking_with_one_warning():
 
 def test_shutdown_posts_shutdown_once():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=RecordingLog())
         await client.start()
         assert await client.shutdown() is True
@@ -273,7 +273,7 @@ def test_shutdown_posts_shutdown_once():
 
 def test_when_empty_shutdown_after_the_last_room_ends():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10, when_empty="shutdown"),
                               log=RecordingLog())
         await client.start()
@@ -297,7 +297,7 @@ def test_when_empty_shutdown_after_the_last_room_ends():
 
 def test_when_empty_shutdown_without_a_watch_needs_a_match():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.fail["/watch/gameserver"] = 1000        # state unknown
         client = AgonesClient(settings(sidecar.port, health_interval=10, when_empty="shutdown",
                                        backoff_max=0.01),
@@ -318,7 +318,7 @@ def test_when_empty_shutdown_without_a_watch_needs_a_match():
 
 def test_transient_errors_are_retried_and_persistent_ones_dropped():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.fail["/ready"] = 2
         sidecar.fail["/metadata/label"] = 2
         sidecar.fail["/shutdown"] = 1
@@ -354,7 +354,7 @@ def test_transient_errors_are_retried_and_persistent_ones_dropped():
 
 def test_a_hanging_sidecar_times_out_and_start_does_not_wait_for_it():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.hang["/ready"] = 1
         client = AgonesClient(settings(sidecar.port, health_interval=10, request_timeout=0.1),
                               log=RecordingLog())
@@ -386,7 +386,7 @@ def _absent_then_present(run):
         assert warnings[0][2]["detail"] == (
             f"agones sidecar not reachable at http://127.0.0.1:{port}; "
             "is the pod running under Agones? retrying")
-        sidecar = await FakeSidecar().start(port)
+        sidecar = await SidecarStandIn().start(port)
         await eventually(lambda: sidecar.paths("/ready"))
         await eventually(lambda: "relay-room-m1" in sidecar.final("/metadata/annotation"))
         await eventually(lambda: sidecar.paths("/health"))
@@ -412,7 +412,7 @@ def test_absent_sidecar_on_uvloop():
 
 def test_queue_is_bounded_and_drops_the_oldest():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10, player_tracking=True),
                               log=RecordingLog())
         client.max_pending = 3
@@ -431,7 +431,7 @@ def test_queue_is_bounded_and_drops_the_oldest():
 
 def test_room_annotations_are_capped():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         log = RecordingLog()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=log)
         client.max_room_annotations = 2
@@ -452,7 +452,7 @@ def test_room_annotations_are_capped():
 
 def test_stop_is_idempotent_and_leaves_no_tasks():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port), log=RecordingLog())
         await client.start()
         client.room_state("m1", "running", 1)
@@ -475,7 +475,7 @@ def test_stop_is_idempotent_and_leaves_no_tasks():
 
 def test_stop_without_start_and_disabled_client_do_nothing():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         idle = AgonesClient(settings(sidecar.port))
         await idle.stop()
         await idle.stop()

@@ -11,7 +11,8 @@ import pytest
 from agones_sidecar import LAST_ALLOCATED, SidecarStandIn
 from live_relay import server_config
 from relay.config import AgonesSettings, ConfigError
-from relay.server.agones import ALLOCATION_PREFIX, AgonesClient, parse_allocation
+from relay.server import agones as agones_module
+from relay.server.agones import ALLOCATION_ANNOTATION, AgonesClient, parse_allocation
 
 from test_agones import RecordingLog, eventually, leftover_tasks
 
@@ -24,7 +25,7 @@ def settings(port, **overrides):
 
 
 def allocation(room, **spec):
-    return {ALLOCATION_PREFIX + room: json.dumps(spec)}
+    return {ALLOCATION_ANNOTATION: json.dumps({"room": room, **spec})}
 
 
 async def call(sidecar, method, path, body=None):
@@ -202,7 +203,7 @@ def test_an_allocation_creates_its_room_and_the_count_never_drifts():
         assert sidecar.allocate(min_available={"rooms": 1}, counters={"rooms": 1},
                                 annotations=allocation("m1", **spec))
         await eventually(lambda: "m1" in rooms.created)
-        assert rooms.created["m1"] == {"players": ["ann", "bob", "cy"],
+        assert rooms.created["m1"] == {"room": "m1", "players": ["ann", "bob", "cy"],
                                        "options": {"start_players": 3, "capacity": 3}}
         await asyncio.sleep(0.05)
         assert count(sidecar) == 1                            # the allocation's slot, no other
@@ -254,6 +255,47 @@ def test_a_refused_allocation_gives_its_slot_back_and_full_relays_are_not_oversu
         assert count(sidecar) == 1                            # y still holds its slot
         client.room_state("y", "ended", 0)
         await eventually(lambda: count(sidecar) == 0 and sidecar.state == "Ready")
+        await client.stop()
+        await sidecar.stop()
+
+    asyncio.run(main())
+
+
+def test_slots_of_allocations_whose_room_never_appears_are_given_back(monkeypatch):
+    monkeypatch.setattr(agones_module, "ALLOCATION_GRACE", 0.2)
+
+    async def main():
+        sidecar = await SidecarStandIn(counters={"rooms": (0, 1000)}).start()
+        client, rooms = await started(sidecar)
+        # An allocation that names no room, and one whose annotation is not JSON.
+        assert sidecar.allocate(counters={"rooms": 1})
+        assert sidecar.allocate(counters={"rooms": 1},
+                                annotations={ALLOCATION_ANNOTATION: "m-9 please"})
+        client.room_state("live", "waiting", 0)          # a room of its own meanwhile
+        await eventually(lambda: count(sidecar) == 3)
+        await asyncio.sleep(0.1)
+        assert count(sidecar) == 3                        # within the grace period
+        await eventually(lambda: count(sidecar) == 1, timeout=3)
+        assert client.stats()["counter_repaired"] == 2
+        assert "agones_allocation_unreadable" in client.log.events("warning")
+        client.room_state("live", "ended", 0)
+        await eventually(lambda: count(sidecar) == 0 and sidecar.state == "Ready")
+        await client.stop()
+        await sidecar.stop()
+
+    asyncio.run(main())
+
+
+def test_one_annotation_however_many_allocations():
+    async def main():
+        sidecar = await SidecarStandIn(counters={"rooms": (0, 1000)}).start()
+        client, rooms = await started(sidecar, slots=50)
+        for n in range(40):
+            assert sidecar.allocate(counters={"rooms": 1}, annotations=allocation(f"r{n}"))
+            await asyncio.sleep(0.002)
+        await eventually(lambda: len(rooms.created) == 40 and count(sidecar) == 40)
+        assert [k for k in sidecar.annotations if k.startswith("relay.rooms/")] == [
+            ALLOCATION_ANNOTATION]
         await client.stop()
         await sidecar.stop()
 
@@ -328,12 +370,14 @@ def test_the_watch_reconnects_after_the_stream_ends():
 
 
 def test_allocation_specs_and_settings():
-    assert parse_allocation("") == {"players": [], "options": {}}
-    assert parse_allocation('{"players": ["a", "b"]}') == {"players": ["a", "b"],
-                                                           "options": {"capacity": 2}}
-    assert parse_allocation('{"capacity": 8, "start_policy": "ready"}')["options"] == {
+    assert parse_allocation('{"room": "r"}') == {"room": "r", "players": [], "options": {}}
+    assert parse_allocation('{"room": "r", "players": ["a", "b"]}') == {
+        "room": "r", "players": ["a", "b"], "options": {"capacity": 2}}
+    assert parse_allocation('{"room": "r", "capacity": 8, "start_policy": "ready"}')["options"] == {
         "capacity": 8, "start_policy": "ready"}
-    for bad in ('[1]', '{"players": [1]}', '{"capacity": "8"}', '{"mode": 1}', '{"capacity": true}'):
+    for bad in ('', '[1]', '{}', '{"room": ""}', '{"room": "r", "players": [1]}',
+                '{"room": "r", "capacity": "8"}', '{"room": "r", "mode": 1}',
+                '{"room": "r", "capacity": true}', '{"room": 7}'):
         with pytest.raises(ValueError):
             parse_allocation(bad)
     for bad in (dict(when_empty="delete"), dict(rooms_counter="bad name"),
