@@ -675,7 +675,8 @@ class AgonesClient:
         attempt = 0
         while True:
             try:
-                async with session.get(url, timeout=timeout) as response:
+                # read_bufsize: one line is a whole GameServer (labels, annotations).
+                async with session.get(url, timeout=timeout, read_bufsize=2**20) as response:
                     if response.status != 200:
                         self._failed(f"GET /watch/gameserver: HTTP {response.status}")
                     else:
