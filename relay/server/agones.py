@@ -257,6 +257,7 @@ class AgonesClient:
         self._allocation_value: Optional[str] = None
         self._excess_since: Optional[float] = None
         self._seeded = False
+        self._seed_done = False
         self._counted: dict[str, bool] = {}
         """Rooms the Counter holds a slot for, as the counter task learned from Agones' answers."""
         self._counter_ops: deque[tuple[str, str]] = deque()
@@ -464,8 +465,8 @@ class AgonesClient:
                 self._counter_op("give_back", room)
 
     def _counter_op(self, op: str, room: str) -> None:
-        if not self.counter or self._draining or self._stopping is not None:
-            return
+        if not self.counter or self._draining or self._stopping is not None or not self._seed_done:
+            return      # before the seed, the count it sets covers this room
         self._counter_ops.append((op, room))
         self._counter_wakeup.set()
 
@@ -647,23 +648,29 @@ class AgonesClient:
 
     async def _seed(self) -> None:
         """Before Ready: learn the GameServer as it is (old allocations are not ours), set the
-        Counter's capacity, and zero a count left by an earlier process in this pod."""
+        Counter's capacity and its count to the rooms the relay holds already (a count left by
+        an earlier process in this pod included). Until this succeeded room changes queue no
+        Counter update: the count set here covers them."""
         ok, _retry, text = await self._request("GET", "/gameserver", None)
-        if ok:
-            try:
-                gameserver = json.loads(text)
-            except ValueError:
-                gameserver = None
-            if isinstance(gameserver, dict):
-                self._on_gameserver(gameserver)
-        if not self.counter or not ok:
+        if not ok:
             return
-        if self.room_slots is not None:
-            await self._update_counter({"capacity": str(self.room_slots)}, "capacity", "")
-        if self.counter_seen is not None and self.counter_seen[0] > 0 and not self._rooms:
-            self.log.warning("agones_counter_reset", count=self.counter_seen[0],
-                             detail="a count left by an earlier process in this pod")
-            await self._update_counter({"count": "0"}, "reset", "")
+        try:
+            gameserver = json.loads(text)
+        except ValueError:
+            gameserver = None
+        if isinstance(gameserver, dict):
+            self._on_gameserver(gameserver)
+        if self.counter:
+            if self.room_slots is not None:
+                await self._update_counter({"capacity": str(self.room_slots)}, "capacity", "")
+            held = len(self._rooms)
+            if self.counter and self.counter_seen is not None and self.counter_seen[0] != held:
+                if self.counter_seen[0] > held:
+                    self.log.warning("agones_counter_reset", count=self.counter_seen[0],
+                                     rooms=held, detail="a count left by an earlier process")
+                await self._update_counter({"count": str(held)}, "reset", "")
+            self._counted = {room: True for room in self._rooms}
+        self._seed_done = True
 
     async def _watch_loop(self) -> None:
         """GET /watch/gameserver: one {"result": GameServer} JSON line per change, for as long
@@ -846,7 +853,7 @@ class AgonesClient:
     async def _ready_loop(self) -> None:
         attempt = 0
         while True:
-            if attempt == 0:
+            if not self._seed_done:
                 await self._seed()
             ok, _retry, text = await self._request("POST", "/ready", {})
             self._first_ready_attempt.set()

@@ -317,6 +317,34 @@ def test_earlier_allocations_are_not_ours_and_a_left_count_is_reset():
     asyncio.run(main())
 
 
+def test_rooms_held_before_the_sidecar_answers_are_counted_once_it_does():
+    from test_agones import free_port
+
+    async def main():
+        port = free_port()
+        client = AgonesClient(settings(port), log=RecordingLog())
+        client.set_room_slots(8)
+        await client.start()                              # nothing listens yet
+        for n in range(300):                              # churn while the sidecar is away
+            client.room_state(f"gone-{n}", "waiting", 0)
+            client.room_state(f"gone-{n}", "ended", 0)
+        client.room_state("a", "waiting", 0)
+        client.room_state("b", "running", 2)
+        assert client.stats()["requests_failed"] > 0
+        assert len(client._counter_ops) == 0              # nothing piles up meanwhile
+        sidecar = SidecarStandIn(counters={"rooms": (5, 1000)})    # a count left behind
+        await sidecar.start(port)
+        await eventually(lambda: sidecar.state == "Allocated")    # it holds rooms
+        assert sidecar.counters["rooms"] == {"count": 2, "capacity": 8}
+        client.room_state("a", "ended", 0)
+        client.room_state("b", "ended", 0)
+        await eventually(lambda: count(sidecar) == 0 and sidecar.state == "Ready")
+        await client.stop()
+        await sidecar.stop()
+
+    asyncio.run(main())
+
+
 def test_drain_closes_the_relay_to_allocations():
     async def main():
         sidecar = await SidecarStandIn(counters={"rooms": (0, 1000)}).start()
