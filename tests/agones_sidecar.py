@@ -2,8 +2,8 @@
 
 What it models (learned from Agones' pkg/sdkserver, sdks/swagger and pkg/util/runtime):
 
-* the routes and methods of the SDK (sdk, alpha and beta swagger files); anything else is
-  404 {"code": 5, "message": "Not Found"};
+* the routes and methods of the SDK's sdk and alpha swagger files and the beta Counters (Lists
+  are not modelled); anything else is 404 {"code": 5, "message": "Not Found"};
 * request bodies as protojson reads them: protobuf or JSON field names, int64 as a number or a
   string, unknown fields ignored, a body that is not JSON -> 400 {"code": 3};
 * answers as the gateway writes them: protobuf field names, every field present, int64 as
