@@ -207,6 +207,8 @@ def test_an_allocation_creates_its_room_and_the_count_never_drifts():
                                        "options": {"start_players": 3, "capacity": 3}}
         await asyncio.sleep(0.05)
         assert count(sidecar) == 1                            # the allocation's slot, no other
+        assert client.last_allocated == sidecar.annotations[LAST_ALLOCATED]
+        assert "agones_allocated" in client.log.events("info")
         # A room the relay created itself, then an allocation for it shows up: one slot, not two.
         client.room_state("m2", "waiting", 0)
         await eventually(lambda: count(sidecar) == 2)
