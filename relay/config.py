@@ -429,6 +429,10 @@ class SecuritySettings:
         return "open" if is_loopback(udp_host) else "token"
 
 
+WHEN_EMPTY_POLICIES = ("ready", "shutdown")
+_COUNTER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+
+
 @dataclass
 class AgonesSettings:
     enabled: bool = False
@@ -438,8 +442,12 @@ class AgonesSettings:
     """The sidecar's HTTP port; 0 (or None) = $AGONES_SDK_HTTP_PORT, else 9358."""
     health_interval: float = 5.0
     """Seconds between Health pings; keep it well under the GameServer's health.periodSeconds."""
-    shutdown_when_empty: bool = False
-    """Ask Agones to shut this GameServer down once the last live room ended (after a match)."""
+    when_empty: str = "ready"
+    """What an Allocated GameServer does once it holds no room: ready = go back to Ready (the
+    fleet may reuse or remove it); shutdown = ask Agones to shut it down (a fresh one replaces it)."""
+    rooms_counter: str = "rooms"
+    """The Agones Counter holding this relay's room slots (capacity rooms.max_rooms, count the
+    rooms held); "" = no Counter (Agones before 1.41, or the CountsAndLists gate off)."""
     player_tracking: bool = False
     """Report player connects/disconnects (Agones PlayerTracking alpha feature gate)."""
     request_timeout: float = 2.0
@@ -454,6 +462,14 @@ class AgonesSettings:
         if self.port is not None:
             _check_range("agones.port", self.port, 0, 65535)
         _check_range("agones.health_interval", self.health_interval, 0.01, 300.0)
+        if self.when_empty not in WHEN_EMPTY_POLICIES:
+            raise ConfigError(f"agones.when_empty={self.when_empty!r}: one of "
+                              f"{', '.join(WHEN_EMPTY_POLICIES)}")
+        if not isinstance(self.rooms_counter, str) or (
+                self.rooms_counter and not _COUNTER_NAME.fullmatch(self.rooms_counter)):
+            raise ConfigError(f"agones.rooms_counter={self.rooms_counter!r}: empty, or a Counter "
+                              "name of 1..63 characters [A-Za-z0-9_.-] starting and ending "
+                              "alphanumeric")
         _check_range("agones.request_timeout", self.request_timeout, 0.01, 60.0)
         _check_range("agones.max_retries", self.max_retries, 0, 100)
         _check_range("agones.backoff_initial", self.backoff_initial, 0.001, 60.0)

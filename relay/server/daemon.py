@@ -17,7 +17,7 @@ from typing import Any, Optional
 import relay
 from relay.server.agones import AgonesClient
 from relay.config import RelayConfig, is_loopback
-from relay.errors import ListenError
+from relay.errors import ListenError, RelayError
 from relay.server.lobby import LOBBY_EVENTS, Lobby
 from relay.logs import LimitLog, get_logger
 from relay.server.metrics import Metrics
@@ -64,6 +64,8 @@ class RelayServer:
         self.recorder = ReplayRecorder(config.replay, self.tick_rate, self.metrics, self.log,
                                        self.limit_log)
         self.agones = AgonesClient(config.agones)      # does nothing unless agones.enabled
+        self.agones.set_room_slots(config.rooms.max_rooms)
+        self.agones.on_allocation = self._create_allocated_room
         self.drain_deadline: Optional[float] = None
         self._drain_timer: Optional[asyncio.TimerHandle] = None
         self.drained = asyncio.Event()
@@ -409,10 +411,36 @@ class RelayServer:
     def room_info(self, room_id: str) -> dict:
         return self.lobby.get_room(room_id).info()
 
-    def create_room(self, room_id: str, **options) -> dict:
-        room = self.lobby.create_room(room_id, options, self._now())
+    def create_room(self, room_id: str, allocated: bool = False, **options) -> dict:
+        """A new waiting room. ``allocated``: a GameServerAllocation already took this room's
+        slot in the Agones rooms Counter; if the relay already created the room from that
+        allocation's annotation, the room is returned as it is."""
+        if allocated and self.agones.enabled:
+            room = self.rooms.get(room_id)
+            if room is not None and self.agones.allocated_room(room_id):
+                return room.info()
+            self.agones.expect_allocation(room_id)
+        try:
+            room = self.lobby.create_room(room_id, options, self._now())
+        except BaseException:
+            self.agones.forget_expected(room_id)
+            raise
         self._settle()
         return room.info()
+
+    def _create_allocated_room(self, room_id: str, spec: dict) -> bool:
+        """Agones allocated a room slot for ``room_id`` (the watch saw its annotation)."""
+        if room_id in self.rooms:
+            return True
+        try:
+            self.lobby.create_room(room_id, spec["options"], self._now())
+        except RelayError as error:
+            self.log.warning("allocated_room_refused", room=room_id, code=error.code,
+                             error=str(error))
+            return False
+        self._settle()
+        self.log.info("room_allocated", room=room_id, players=spec["players"])
+        return True
 
     def start_room(self, room_id: str) -> dict:
         room = self.lobby.start_room(room_id, self._now())
@@ -433,6 +461,7 @@ class RelayServer:
         """Stop taking rooms and players at once (readiness goes false); running matches may
         finish until drain_timeout, then they end with reason drain_deadline."""
         if not self.draining:
+            self.agones.drain()         # no allocation picks this relay any more
             self.metrics.set_draining(True)
             timeout = self.config.server.drain_timeout
             self.drain_deadline = time.time() + timeout

@@ -12,7 +12,8 @@ Routes::
     GET    /metrics               -> Prometheus text exposition
     GET    /rooms                 -> 200 {"rooms": [...]}
     POST   /rooms                 {"room": id, "capacity"?, "start_policy"?, "start_players"?,
-                                   "tick_rate"?} -> 201 room
+                                   "tick_rate"?, "allocated"?} -> 201 room ("allocated": true:
+                                   an Agones allocation already took the room's Counter slot)
     GET    /rooms/{room}          -> 200 room
     DELETE /rooms/{room}          optional {"reason": text} -> 200 (ends the room)
     POST   /rooms/{room}/start    -> 200
@@ -525,11 +526,15 @@ async def list_rooms(request: web.Request) -> web.Response:
 
 async def create_room(request: web.Request) -> web.Response:
     body = await _json_body(request)
-    _check_keys(body, {"room", *ROOM_OPTION_TYPES})
+    _check_keys(body, {"room", "allocated", *ROOM_OPTION_TYPES})
     if "room" not in body:
         raise BadRequest("room is required", code="bad_field")
     room_id = _name(body.pop("room"), "room")
+    allocated = _typed("allocated", body.pop("allocated", False), bool)
     options = {key: _typed(key, value, ROOM_OPTION_TYPES[key]) for key, value in body.items()}
+    if allocated:
+        return web.json_response(_server(request).create_room(room_id, allocated=True, **options),
+                                 status=201)
     return web.json_response(_server(request).create_room(room_id, **options), status=201)
 
 

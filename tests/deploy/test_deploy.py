@@ -6,7 +6,7 @@
   promtool is installed it passes `promtool check rules` and unit tests of the alert
   expressions; prometheus.yml passes `promtool check config --syntax-only`.
 - The Kubernetes manifests validate against the Kubernetes OpenAPI schemas (kubernetes-validate,
-  offline); the Agones Fleet and FleetAutoscaler against the small schemas in tests/schemas/;
+  offline); the Agones objects in tests/deploy/test_agones_deploy.py;
   kustomizations render when kubectl is installed.
 - docker-compose.yml has the expected services, ports and volumes, and every file it mounts
   or builds from exists; its Prometheus/Grafana wiring matches the files it mounts.
@@ -441,69 +441,6 @@ def test_fleet_pod_template_validates(version):
     pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "relay"},
                     "template": fleet["spec"]["template"]["spec"]["template"]}
     k8s_validate(pod_template, version)
-
-
-def test_agones_fleet():
-    fleet = load_yaml(FLEET)
-    validate(fleet, "agones-fleet.schema.json")
-    spec = fleet["spec"]["template"]["spec"]
-    relay = _containers(spec["template"]["spec"])[spec["container"]]
-    ports = {port["name"]: port for port in spec["ports"]}
-    game = ports["game"]
-    env = _env(relay)
-    assert game["protocol"] == "UDP" and game["portPolicy"] == "Dynamic"
-    assert game["containerPort"] == int(env.get("RELAY_SERVER_UDP_PORT", 7777))
-    http_ports = {port["name"]: port["containerPort"] for port in relay["ports"]}
-    assert http_ports["http"] == int(env.get("RELAY_SERVER_HTTP_PORT", 9100))
-    assert env["RELAY_SERVER_HTTP_HOST"] == "0.0.0.0"
-    assert env["RELAY_AGONES_ENABLED"] == "true"
-    # The relay's Health() pings must come well inside Agones' health period.
-    if "RELAY_AGONES_HEALTH_INTERVAL" in env:
-        assert float(env["RELAY_AGONES_HEALTH_INTERVAL"]) * 2 <= spec["health"]["periodSeconds"]
-    assert spec["sdkServer"]["logLevel"] in ("Error", "Info", "Debug", "Trace")
-    if env.get("RELAY_AGONES_PLAYER_TRACKING", "false").lower() in ("1", "true", "yes", "on"):
-        assert spec.get("players", {}).get("initialCapacity"), "player tracking needs a capacity"
-    assert "cpu" not in relay["resources"].get("limits", {}), "a CPU limit throttles the frame loop"
-    pod = spec["template"]["spec"]
-    # The injected SDK sidecar authenticates with the pod's service account token, and Agones
-    # only adds its own liveness probe (on the sidecar's /gshealthz) when there is none.
-    assert pod.get("automountServiceAccountToken", True), "the Agones SDK sidecar needs the token"
-    assert "livenessProbe" not in relay
-    assert 8080 not in {port["containerPort"] for port in relay.get("ports", [])}
-
-
-def test_agones_fleetautoscaler():
-    autoscaler = load_yaml(AUTOSCALER)
-    validate(autoscaler, "agones-fleetautoscaler.schema.json")
-    assert autoscaler["spec"]["fleetName"] == load_yaml(FLEET)["metadata"]["name"]
-    policy = autoscaler["spec"]["policy"]
-    assert policy["type"] == "Buffer"
-    buffer = policy["buffer"]
-    assert buffer.get("minReplicas", 0) <= buffer["maxReplicas"]
-    if isinstance(buffer["bufferSize"], int):
-        assert buffer["bufferSize"] < buffer["maxReplicas"]
-
-
-def test_agones_schemas_reject_mistakes():
-    """The hand-written schemas are not vacuous: typical mistakes fail them."""
-    fleet = load_yaml(FLEET)
-    broken = json.loads(json.dumps(fleet))
-    broken["spec"]["template"]["spec"]["ports"][0]["portPolicy"] = "dynamic"
-    with pytest.raises(jsonschema.ValidationError):
-        validate(broken, "agones-fleet.schema.json")
-    broken = json.loads(json.dumps(fleet))
-    broken["spec"]["template"]["spec"]["helth"] = broken["spec"]["template"]["spec"].pop("health")
-    with pytest.raises(jsonschema.ValidationError):
-        validate(broken, "agones-fleet.schema.json")
-    broken = json.loads(json.dumps(fleet))
-    broken["apiVersion"] = "stable.agones.dev/v1alpha1"
-    with pytest.raises(jsonschema.ValidationError):
-        validate(broken, "agones-fleet.schema.json")
-    autoscaler = load_yaml(AUTOSCALER)
-    broken = json.loads(json.dumps(autoscaler))
-    del broken["spec"]["policy"]["buffer"]
-    with pytest.raises(jsonschema.ValidationError):
-        validate(broken, "agones-fleetautoscaler.schema.json")
 
 
 def test_plain_deployment():

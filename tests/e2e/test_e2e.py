@@ -287,10 +287,10 @@ def test_admin_drain_lets_running_matches_finish_until_the_deadline(tmp_path):
 
 
 def test_the_relay_reports_to_the_agones_sidecar_and_asks_to_shut_down_when_drained(tmp_path):
-    from fake_sidecar import FakeSidecar
+    from agones_sidecar import SidecarStandIn
 
     async def scenario():
-        sidecar = FakeSidecar()
+        sidecar = SidecarStandIn(counters={"rooms": (0, 1000)})
         await sidecar.start()
         config = server_config(tmp_path)
         config.agones.enabled = True
@@ -307,8 +307,14 @@ def test_the_relay_reports_to_the_agones_sidecar_and_asks_to_shut_down_when_drai
             await a.client.wait_for_state("running")
             await asyncio.gather(a.play_until(60, 5), b.play_until(60, 5))
             paths = [path for _, _, path, _ in sidecar.calls]
-            assert paths[0] in ("/ready", "/alpha/player/capacity")
-            assert "/ready" in paths and paths.count("/health") >= 5
+            # The GameServer read and the Counter's capacity set before Ready.
+            assert paths.index("/gameserver") < paths.index("/ready")
+            assert sidecar.bodies("/v1beta1/counters/rooms")[0] == {
+                "capacity": str(config.rooms.max_rooms)}
+            assert paths.index("/v1beta1/counters/rooms") < paths.index("/ready")
+            assert paths.count("/health") >= 5
+            # The players' JOIN created the room: the relay allocated itself and took a slot.
+            assert sidecar.state == "Allocated" and sidecar.counters["rooms"]["count"] == 1
             connects = [body["playerID"] for _, _, path, body in sidecar.calls
                         if path == "/alpha/player/connect"]
             assert sorted(connects) == ["gs-match/a", "gs-match/b"]
@@ -321,6 +327,7 @@ def test_the_relay_reports_to_the_agones_sidecar_and_asks_to_shut_down_when_drai
                     break
                 await asyncio.sleep(0.05)
             assert any(path == "/shutdown" for _, _, path, _ in sidecar.calls)
+            assert sidecar.state == "Shutdown" and sidecar.counters["rooms"]["capacity"] == 0
             await a.client.close()
             await b.client.close()
         finally:

@@ -1,4 +1,4 @@
-"""Agones SDK client against a fake sidecar (aiohttp) that records every call."""
+"""Agones SDK client against the stand-in sidecar (tests/agones_sidecar.py), which records every call."""
 import asyncio
 import json
 import re
@@ -12,7 +12,7 @@ from relay.server.agones import (
 )
 from relay.config import AgonesSettings
 
-from fake_sidecar import FakeSidecar
+from agones_sidecar import SidecarStandIn
 
 LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
 
@@ -35,7 +35,7 @@ class RecordingLog:
 
 def settings(port, **overrides):
     values = dict(enabled=True, port=port, health_interval=0.05, request_timeout=0.5,
-                  max_retries=3, backoff_initial=0.01, backoff_max=0.05)
+                  max_retries=3, backoff_initial=0.01, backoff_max=0.05, rooms_counter="")
     values.update(overrides)
     return AgonesSettings(**values)
 
@@ -68,7 +68,8 @@ def leftover_tasks():
     """Pending tasks other than this test's own and the fake sidecar's connection handlers."""
     def from_server(task):
         code = getattr(task.get_coro(), "cr_code", None)
-        return code is not None and "aiohttp/web_" in code.co_filename
+        return code is not None and ("aiohttp/web_" in code.co_filename
+                                     or code.co_filename.endswith("agones_sidecar.py"))
     return [t for t in asyncio.all_tasks()
             if t is not asyncio.current_task() and not from_server(t)]
 
@@ -109,7 +110,7 @@ def test_port_comes_from_settings_then_environment_then_default():
 
 def test_ready_after_start_then_health_at_the_interval():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port), log=RecordingLog())
         await client.start()
         assert [(c[1], c[2], c[3]) for c in sidecar.paths("/ready")] == [("POST", "/ready", {})]
@@ -131,7 +132,7 @@ def test_ready_after_start_then_health_at_the_interval():
 
 def test_labels_and_annotations_are_sanitized_and_coalesced():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=RecordingLog())
         await client.start()
         client.room_state("lobby 1/ü", "waiting", 0)
@@ -177,7 +178,7 @@ def test_labels_and_annotations_are_sanitized_and_coalesced():
 
 def test_a_value_set_back_while_another_is_in_flight_is_still_sent():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=RecordingLog())
         await client.start()
         client.set_label("mode", "a")
@@ -197,7 +198,7 @@ def test_a_value_set_back_while_another_is_in_flight_is_still_sent():
 
 def test_player_tracking_on_and_off():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         on = AgonesClient(settings(sidecar.port, health_interval=10, player_tracking=True),
                           log=RecordingLog())
         await on.start()
@@ -234,7 +235,7 @@ def test_player_tracking_on_and_off():
 
 def test_player_tracking_feature_gate_off_disables_tracking_with_one_warning():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.fail["/alpha/player/connect"] = 100
         sidecar.fail_text["/alpha/player/connect"] = "PlayerTracking not enabled"
         log = RecordingLog()
@@ -254,14 +255,14 @@ def test_player_tracking_feature_gate_off_disables_tracking_with_one_warning():
 
 def test_shutdown_posts_shutdown_once():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=RecordingLog())
         await client.start()
         assert await client.shutdown() is True
         assert await client.shutdown() is True
         assert sidecar.bodies("/shutdown") == [{}]
         assert client.stats()["shutdown_sent"]
-        assert (await client.get_gameserver())["object_meta"]["name"] == "gs-1"
+        assert (await client.get_gameserver())["object_meta"]["name"] == sidecar.name
         assert await client.allocate() is True
         assert sidecar.bodies("/allocate") == [{}]
         await client.stop()
@@ -270,21 +271,21 @@ def test_shutdown_posts_shutdown_once():
     asyncio.run(main())
 
 
-def test_shutdown_when_empty_after_the_last_match_ends():
+def test_when_empty_shutdown_after_the_last_room_ends():
     async def main():
-        sidecar = await FakeSidecar().start()
-        client = AgonesClient(settings(sidecar.port, health_interval=10, shutdown_when_empty=True),
+        sidecar = await SidecarStandIn().start()
+        client = AgonesClient(settings(sidecar.port, health_interval=10, when_empty="shutdown"),
                               log=RecordingLog())
         await client.start()
-        client.room_state("lobby", "waiting", 0)
-        client.room_state("lobby", "ended", 0)           # no match ran yet: stay up
+        await eventually(lambda: client.state == "Ready")
         client.room_state("a", "running", 2)
         client.room_state("b", "running", 2)
+        await eventually(lambda: sidecar.state == "Allocated")     # allocated itself
         client.room_state("a", "ended", 0)               # b still running
         await asyncio.sleep(0.05)
-        assert sidecar.paths("/shutdown") == []
+        assert sidecar.paths("/shutdown") == [] and sidecar.paths("/ready")[1:] == []
         client.room_state("b", "ended", 0)
-        await eventually(lambda: sidecar.paths("/shutdown"))
+        await eventually(lambda: sidecar.state == "Shutdown")
         client.room_state("b", "ended", 0)
         await asyncio.sleep(0.05)
         assert len(sidecar.paths("/shutdown")) == 1
@@ -294,9 +295,30 @@ def test_shutdown_when_empty_after_the_last_match_ends():
     asyncio.run(main())
 
 
+def test_when_empty_shutdown_without_a_watch_needs_a_match():
+    async def main():
+        sidecar = await SidecarStandIn().start()
+        sidecar.fail["/watch/gameserver"] = 1000        # state unknown
+        client = AgonesClient(settings(sidecar.port, health_interval=10, when_empty="shutdown",
+                                       backoff_max=0.01),
+                              log=RecordingLog())
+        await client.start()
+        client.room_state("lobby", "waiting", 0)
+        client.room_state("lobby", "ended", 0)           # no match ran yet: stay up
+        await asyncio.sleep(0.05)
+        assert sidecar.paths("/shutdown") == []
+        client.room_state("a", "running", 2)
+        client.room_state("a", "ended", 0)
+        await eventually(lambda: sidecar.paths("/shutdown"))
+        await client.stop()
+        await sidecar.stop()
+
+    asyncio.run(main())
+
+
 def test_transient_errors_are_retried_and_persistent_ones_dropped():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.fail["/ready"] = 2
         sidecar.fail["/metadata/label"] = 2
         sidecar.fail["/shutdown"] = 1
@@ -332,7 +354,7 @@ def test_transient_errors_are_retried_and_persistent_ones_dropped():
 
 def test_a_hanging_sidecar_times_out_and_start_does_not_wait_for_it():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         sidecar.hang["/ready"] = 1
         client = AgonesClient(settings(sidecar.port, health_interval=10, request_timeout=0.1),
                               log=RecordingLog())
@@ -364,7 +386,7 @@ def _absent_then_present(run):
         assert warnings[0][2]["detail"] == (
             f"agones sidecar not reachable at http://127.0.0.1:{port}; "
             "is the pod running under Agones? retrying")
-        sidecar = await FakeSidecar().start(port)
+        sidecar = await SidecarStandIn().start(port)
         await eventually(lambda: sidecar.paths("/ready"))
         await eventually(lambda: "relay-room-m1" in sidecar.final("/metadata/annotation"))
         await eventually(lambda: sidecar.paths("/health"))
@@ -390,7 +412,7 @@ def test_absent_sidecar_on_uvloop():
 
 def test_queue_is_bounded_and_drops_the_oldest():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port, health_interval=10, player_tracking=True),
                               log=RecordingLog())
         client.max_pending = 3
@@ -409,7 +431,7 @@ def test_queue_is_bounded_and_drops_the_oldest():
 
 def test_room_annotations_are_capped():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         log = RecordingLog()
         client = AgonesClient(settings(sidecar.port, health_interval=10), log=log)
         client.max_room_annotations = 2
@@ -430,7 +452,7 @@ def test_room_annotations_are_capped():
 
 def test_stop_is_idempotent_and_leaves_no_tasks():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         client = AgonesClient(settings(sidecar.port), log=RecordingLog())
         await client.start()
         client.room_state("m1", "running", 1)
@@ -453,7 +475,7 @@ def test_stop_is_idempotent_and_leaves_no_tasks():
 
 def test_stop_without_start_and_disabled_client_do_nothing():
     async def main():
-        sidecar = await FakeSidecar().start()
+        sidecar = await SidecarStandIn().start()
         idle = AgonesClient(settings(sidecar.port))
         await idle.stop()
         await idle.stop()

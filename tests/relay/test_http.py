@@ -158,6 +158,12 @@ def test_room_lifecycle():
             "capacity": 4, "start_policy": "all_ready", "start_players": 2, "tick_rate": 30})
         await expect(await client.post("/rooms", json={"room": "r2"}), 201)
         assert server.calls[-1] == ("create_room", "r2", {})   # absent options are not passed
+        await expect(await client.post("/rooms", json={"room": "r3", "allocated": True}), 201)
+        assert server.calls[-1] == ("create_room", "r3", {"allocated": True})
+        await expect(await client.post("/rooms", json={"room": "r4", "allocated": False}), 201)
+        assert server.calls[-1] == ("create_room", "r4", {})
+        server.rooms.pop("r3")
+        server.rooms.pop("r4")
         rooms = (await expect(await client.get("/rooms"), 200))["rooms"]
         assert [room["room"] for room in rooms] == ["r1", "r2"]
         assert (await expect(await client.get("/rooms/r1"), 200))["state"] == "waiting"
@@ -216,6 +222,8 @@ def test_percent_encoded_room_ids():
     (b'{"room": "r", "capacity": null}', "bad_field", "capacity"),
     (b'{"room": "r", "start_policy": 1}', "bad_field", "start_policy"),
     (b'{"room": "r", "tick_rate": [30]}', "bad_field", "tick_rate"),
+    (b'{"room": "r", "allocated": "yes"}', "bad_field", "allocated"),
+    (b'{"room": "r", "allocated": 1}', "bad_field", "allocated"),
 ])
 def test_create_room_bad_bodies(body, code, mentions):
     async def scenario(client, server, metrics):
