@@ -12,6 +12,11 @@ cdef enum:
 cdef int aead_seal(uint8_t* out, const uint8_t* plain, Py_ssize_t plain_length,
                    const uint8_t* ad, Py_ssize_t ad_length, const uint8_t* nonce,
                    const uint8_t* key) noexcept nogil
+# Keyed BLAKE2s (RFC 7693) of the concatenation of two parts, for the server's handshake
+# cookie: key of 1..32 bytes, digest of 1..32 bytes.
+cdef void blake2s_mac(uint8_t* out, Py_ssize_t out_length, const uint8_t* key, Py_ssize_t key_length,
+                      const uint8_t* first, Py_ssize_t first_length,
+                      const uint8_t* second, Py_ssize_t second_length) noexcept nogil
 cdef int aead_open(uint8_t* out, const uint8_t* sealed, Py_ssize_t sealed_length,
                    const uint8_t* ad, Py_ssize_t ad_length, const uint8_t* nonce,
                    const uint8_t* key) noexcept nogil

@@ -1,5 +1,10 @@
 """The one place relay_core touches cryptography: ChaCha20-Poly1305 IETF (RFC 8439), the AEAD of
-connect tokens, handshake tags and sealed packets (docs/PROTOCOL.md, "Packet protection").
+connect tokens, handshake tags and sealed packets (docs/PROTOCOL.md, "Packet protection"), and
+the keyed BLAKE2s (RFC 7693) of the server's handshake cookie.
+
+BLAKE2s is written out here from the RFC: libsodium has only BLAKE2b, and the cookie is checked
+for every forged CONNECT_RESPONSE of a flood before any Python object is made for it
+(``blake2s_mac`` in aead.pxd; tests/core/test_aead.py checks it against ``hashlib.blake2s``).
 
 It is libsodium's, as PyNaCl ships it (a wheel with libsodium inside, so nothing is needed from
 the system): the C functions are looked up once, at import, through PyNaCl's cffi module, and
@@ -27,6 +32,134 @@ ctypedef int (*decrypt_fn)(unsigned char* m, unsigned long long* m_length, unsig
                            const unsigned char* c, unsigned long long c_length,
                            const unsigned char* ad, unsigned long long ad_length,
                            const unsigned char* npub, const unsigned char* k) noexcept nogil
+
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+
+    static const uint32_t relay_blake2s_iv[8] = {
+        0x6A09E667u, 0xBB67AE85u, 0x3C6EF372u, 0xA54FF53Au,
+        0x510E527Fu, 0x9B05688Cu, 0x1F83D9ABu, 0x5BE0CD19u};
+
+    static const uint8_t relay_blake2s_sigma[10][16] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+        {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+        {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+        {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+        {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+        {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+        {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+        {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+        {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+        {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0}};
+
+    static inline uint32_t relay_rotr32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+    static void relay_blake2s_compress(uint32_t h[8], const uint8_t block[64], uint64_t counter,
+                                       int last)
+    {
+        uint32_t v[16], m[16];
+        for (int i = 0; i < 16; i++)
+            m[i] = (uint32_t)block[4 * i] | (uint32_t)block[4 * i + 1] << 8 |
+                   (uint32_t)block[4 * i + 2] << 16 | (uint32_t)block[4 * i + 3] << 24;
+        for (int i = 0; i < 8; i++) {
+            v[i] = h[i];
+            v[i + 8] = relay_blake2s_iv[i];
+        }
+        v[12] ^= (uint32_t)counter;
+        v[13] ^= (uint32_t)(counter >> 32);
+        if (last)
+            v[14] = ~v[14];
+    #define RELAY_G(a, b, c, d, x, y)                                   \
+        do {                                                            \
+            v[a] = v[a] + v[b] + (x); v[d] = relay_rotr32(v[d] ^ v[a], 16); \
+            v[c] = v[c] + v[d];       v[b] = relay_rotr32(v[b] ^ v[c], 12); \
+            v[a] = v[a] + v[b] + (y); v[d] = relay_rotr32(v[d] ^ v[a], 8);  \
+            v[c] = v[c] + v[d];       v[b] = relay_rotr32(v[b] ^ v[c], 7);  \
+        } while (0)
+        for (int r = 0; r < 10; r++) {
+            const uint8_t *s = relay_blake2s_sigma[r];
+            RELAY_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+            RELAY_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+            RELAY_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+            RELAY_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+            RELAY_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+            RELAY_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+            RELAY_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+            RELAY_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+        }
+    #undef RELAY_G
+        for (int i = 0; i < 8; i++)
+            h[i] ^= v[i] ^ v[i + 8];
+    }
+
+    /* The message is the key block (when keyed) then `first` then `second`, fed through one
+       64-byte buffer; the last block, full or not, is compressed with the final flag. */
+    static void relay_blake2s(uint8_t *out, size_t out_length, const uint8_t *key, size_t key_length,
+                              const uint8_t *first, size_t first_length,
+                              const uint8_t *second, size_t second_length)
+    {
+        uint32_t h[8];
+        uint8_t block[64];
+        size_t filled = 0;
+        uint64_t counter = 0;
+        const uint8_t *parts[2] = {first, second};
+        size_t lengths[2] = {first_length, second_length};
+        for (int i = 0; i < 8; i++)
+            h[i] = relay_blake2s_iv[i];
+        h[0] ^= 0x01010000u ^ ((uint32_t)key_length << 8) ^ (uint32_t)out_length;
+        memset(block, 0, sizeof block);
+        if (key_length > 0) {
+            memcpy(block, key, key_length);
+            filled = 64;
+        }
+        for (int p = 0; p < 2; p++) {
+            const uint8_t *in = parts[p];
+            size_t length = lengths[p];
+            while (length > 0) {
+                if (filled == 64) {         /* more follows: this block is not the last */
+                    counter += 64;
+                    relay_blake2s_compress(h, block, counter, 0);
+                    filled = 0;
+                    memset(block, 0, sizeof block);
+                }
+                size_t take = 64 - filled < length ? 64 - filled : length;
+                memcpy(block + filled, in, take);
+                filled += take;
+                in += take;
+                length -= take;
+            }
+        }
+        counter += filled;
+        relay_blake2s_compress(h, block, counter, 1);
+        for (size_t i = 0; i < out_length; i++)
+            out[i] = (uint8_t)(h[i / 4] >> (8 * (i % 4)));
+    }
+    """
+    void relay_blake2s(uint8_t* out, size_t out_length, const uint8_t* key, size_t key_length,
+                       const uint8_t* first, size_t first_length,
+                       const uint8_t* second, size_t second_length) nogil
+
+
+cdef void blake2s_mac(uint8_t* out, Py_ssize_t out_length, const uint8_t* key, Py_ssize_t key_length,
+                      const uint8_t* first, Py_ssize_t first_length,
+                      const uint8_t* second, Py_ssize_t second_length) noexcept nogil:
+    relay_blake2s(out, <size_t>out_length, key, <size_t>key_length, first, <size_t>first_length,
+                  second, <size_t>second_length)
+
+
+def keyed_blake2s(key, data, int digest_size=16):
+    """Keyed BLAKE2s of ``data`` (for tests and tools; the server calls blake2s_mac from C)."""
+    cdef bytes k = bytes(key), d = bytes(data)
+    cdef bytes out
+    if not 1 <= len(k) <= 32 or not 1 <= digest_size <= 32:
+        raise ValueError("key of 1..32 bytes and digest_size 1..32")
+    out = PyBytes_FromStringAndSize(NULL, digest_size)
+    blake2s_mac(<uint8_t*>PyBytes_AS_STRING(out), digest_size, <const uint8_t*>PyBytes_AS_STRING(k),
+                len(k), <const uint8_t*>PyBytes_AS_STRING(d), len(d), NULL, 0)
+    return out
 
 
 class AeadError(ValueError):

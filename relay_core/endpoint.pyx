@@ -19,7 +19,6 @@ Address migration (server): DATA carrying a connected peer's session id from a n
 handled for that peer (authenticated first when sealed) and, if genuine and new, makes the server
 challenge the new address (PATH_CHALLENGE); the peer moves only once it answers from there.
 """
-import hashlib
 import heapq
 import hmac
 import random
@@ -41,6 +40,7 @@ from relay_core.peer cimport (
 )
 from relay_core.wire cimport (
     ConnectRequest, CookiePacket, AcceptPacket, RefusePacket, SessionPacket, check_prefix, read_session_id,
+    write_u32,
     decode_connect_request, decode_challenge, decode_connect_response, decode_accept, decode_refuse,
     decode_disconnect, decode_path_packet, make_challenge, make_connect_response, make_accept, make_refuse,
     make_nonce,
@@ -53,6 +53,7 @@ from relay_core.wire cimport (
     DROP_PATH_UNVALIDATED, DROP_HANDSHAKE_BUDGET,
 )
 
+from relay_core.aead cimport blake2s_mac
 from relay_core.aead import AeadError, open_ as aead_open_bytes, seal as aead_seal_bytes
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
@@ -61,6 +62,13 @@ from relay_core.sources import source_key
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
+
+cdef extern from "<arpa/inet.h>" nogil:
+    const char* inet_ntop(int family, const void* source, char* out, unsigned int size)
+    uint16_t ntohs(uint16_t value)
+    uint32_t ntohl(uint32_t value)
+
+from libc.stdio cimport snprintf
 
 cdef extern from "<netinet/in.h>" nogil:
     ctypedef unsigned short sa_family_t
@@ -180,6 +188,27 @@ cdef uint64_t rate_source(object address):
         return raw_rate_source(&sin6)
     except (OSError, ValueError, TypeError):
         return 0
+
+
+cdef Py_ssize_t raw_address_repr(const void* address, char* out, Py_ssize_t size) noexcept nogil:
+    """repr() of the tuple relay._batchio makes of a sockaddr, ("host", port) or ("host", port,
+    flowinfo, scope_id), as ASCII in ``out``; its length, or 0 (another family, too long)."""
+    cdef const sockaddr_in* sin = <const sockaddr_in*>address
+    cdef const sockaddr_in6* sin6 = <const sockaddr_in6*>address
+    cdef char host[64]
+    cdef int length
+    if sin.sin_family == AF_INET:
+        if inet_ntop(AF_INET, &sin.sin_addr, host, sizeof(host)) == NULL:
+            return 0
+        length = snprintf(out, size, "('%s', %u)", host, <unsigned>ntohs(sin.sin_port))
+    elif sin.sin_family == AF_INET6:
+        if inet_ntop(AF_INET6, &sin6.sin6_addr, host, sizeof(host)) == NULL:
+            return 0
+        length = snprintf(out, size, "('%s', %u, %u, %u)", host, <unsigned>ntohs(sin6.sin6_port),
+                          <unsigned>ntohl(sin6.sin6_flowinfo), <unsigned>sin6.sin6_scope_id)
+    else:
+        return 0
+    return length if 0 < length < size else 0
 
 
 cdef inline uint64_t request_fingerprint(uint64_t address_key, uint32_t connect_id) noexcept nogil:
@@ -755,9 +784,35 @@ cdef class Endpoint:
 
     cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token):
         # The token is bound into the cookie: the CONNECT_RESPONSE must carry the same one.
-        message = (repr(address).encode() + connect_id.to_bytes(4, "little")
-                   + cookie_time.to_bytes(4, "little") + token)
-        return hashlib.blake2s(message, key=self.cookie_key, digest_size=COOKIE_MAC_SIZE).digest()
+        cdef bytes head = (repr(address).encode() + connect_id.to_bytes(4, "little")
+                           + cookie_time.to_bytes(4, "little"))
+        cdef uint8_t mac[COOKIE_MAC_SIZE]
+        blake2s_mac(mac, COOKIE_MAC_SIZE, <const uint8_t*><const char*>self.cookie_key, len(self.cookie_key),
+                    <const uint8_t*><const char*>head, len(head), <const uint8_t*><const char*>token, len(token))
+        return (<char*>mac)[:COOKIE_MAC_SIZE]
+
+    cdef bint _raw_cookie_is_bad(self, const uint8_t* p, Py_ssize_t n, const void* address) noexcept:
+        """Whether a CONNECT_RESPONSE read from ``address`` (a sockaddr) carries a cookie this
+        endpoint did not make: the same MAC as _cookie_mac, over the repr() the transport's
+        address tuple would have. False when it cannot tell (the Python path decides)."""
+        cdef CookiePacket response
+        cdef char head[128]
+        cdef uint8_t mac[COOKIE_MAC_SIZE]
+        cdef Py_ssize_t length
+        cdef uint8_t difference = 0
+        cdef int i
+        if decode_connect_response(p, n, &response) < 0:
+            return False
+        length = raw_address_repr(address, head, sizeof(head) - 8)
+        if length <= 0:
+            return False
+        write_u32(<uint8_t*>head + length, response.connect_id)
+        write_u32(<uint8_t*>head + length + 4, response.cookie_time)
+        blake2s_mac(mac, COOKIE_MAC_SIZE, <const uint8_t*><const char*>self.cookie_key, 32,
+                    <const uint8_t*>head, length + 8, p + response.token_offset, response.token_length)
+        for i in range(COOKIE_MAC_SIZE):
+            difference |= mac[i] ^ response.cookie_mac[i]
+        return difference != 0
 
     cdef bint _over_handshake_rate(self, uint64_t source, double now) noexcept:
         """Charge one handshake packet to ``source``'s bucket (a rate_source, or an address_key
@@ -818,6 +873,11 @@ cdef class Endpoint:
             if (key != 0 and self.known_addresses[key % KNOWN_SLOTS] == 0
                     and self.known_sessions[mix64(read_session_id(p)) % KNOWN_SLOTS] == 0):
                 self.drop_counts[DROP_UNKNOWN_PEER] += 1
+                return 0
+            return 1
+        if ptype == PT_CONNECT_RESPONSE and self.accept_connections:
+            if self._raw_cookie_is_bad(p, n, address):
+                self.drop_counts[DROP_BAD_COOKIE] += 1
                 return 0
             return 1
         if ptype != PT_CONNECT_REQUEST or not self.accept_connections:
