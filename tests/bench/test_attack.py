@@ -1,11 +1,11 @@
 """benchmarks/attack.py at small scale (issue #17): the handshake floods as programs, on loopback.
 
-Asserted here is what the relay guarantees on any machine: a client whose IP is forged at
-2 000 requests a second still joins in well under a second (before the resend lane it never
-did: the forger emptied its IP's bucket), joins under a full-rate flood from random sources
-succeed within a second, no forged packet allocates a peer, and no player loses or disagrees on
-a frame. The late-input share under a full-rate flood is measured and printed, not asserted: it
-depends on how much of the flood the relay drains (docs/SECURITY.md, "Floods").
+Asserted: a client whose IP is forged at 2 000 requests a second still joins in well under a
+second (before the resend lane it never did: the forger emptied its IP's bucket); under a flood
+as fast as one core sends, joins succeed within a second and at most 5 % of the players' inputs
+are late (the benchmark's own PASS asks 1 %, 0.00 % measured: the margin is for a machine busier
+than the benchmark's; before the admission while reading it was ~27 %); no forged packet
+allocates a peer; no player loses or disagrees on a frame.
 """
 from __future__ import annotations
 
@@ -39,4 +39,5 @@ def test_attack_benchmark_small(tmp_path):
         else:
             assert result["flood"]["rate"] > 50_000
             assert result["drops"].get("handshake_budget", 0) > 0
+            assert result["late_input_share"] <= 0.05, (mode, result["late_input_share"])
     assert ("PASS" if all(r["pass"] for r in results.values()) else "FAIL") in run.stdout
