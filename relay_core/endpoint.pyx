@@ -118,29 +118,35 @@ cdef uint64_t raw_address_key(const void* address) noexcept nogil:
     return 0
 
 
-cdef uint64_t address_key(object address):
-    """raw_address_key of an address as the transport hands it over: (host, port) or (host,
-    port, flowinfo, scope_id). 0 for anything else (such addresses are never admitted raw)."""
-    cdef sockaddr_in sin
-    cdef sockaddr_in6 sin6
+cdef bint to_sockaddr(object address, sockaddr_in6* out):
+    """Fills ``out`` (room for either family) with an address as the transport hands it over,
+    (host, port) or (host, port, flowinfo, scope_id); False for anything else (such addresses
+    are never admitted raw)."""
+    cdef sockaddr_in* sin = <sockaddr_in*>out
     cdef bytes packed
     if type(address) is not tuple or len(address) not in (2, 4) or type(address[0]) is not str:
-        return 0
+        return False
     try:
-        port = int(address[1])
+        port = socket.htons(int(address[1]))
         if len(address) == 2:
             packed = socket.inet_pton(socket.AF_INET, address[0])
             sin.sin_family = AF_INET
-            sin.sin_port = socket.htons(port)
+            sin.sin_port = port
             memcpy(&sin.sin_addr, <const char*>packed, 4)
-            return raw_address_key(&sin)
-        packed = socket.inet_pton(socket.AF_INET6, address[0].partition("%")[0])
-        sin6.sin6_family = AF_INET6
-        sin6.sin6_port = socket.htons(port)
-        memcpy(&sin6.sin6_addr, <const char*>packed, 16)
-        return raw_address_key(&sin6)
+        else:
+            packed = socket.inet_pton(socket.AF_INET6, address[0].partition("%")[0])
+            out.sin6_family = AF_INET6
+            out.sin6_port = port
+            memcpy(&out.sin6_addr, <const char*>packed, 16)
+        return True
     except (OSError, ValueError, OverflowError, TypeError):
-        return 0
+        return False
+
+
+cdef uint64_t address_key(object address):
+    """raw_address_key of an address as the transport hands it over (0: not an IP address)."""
+    cdef sockaddr_in6 storage
+    return raw_address_key(&storage) if to_sockaddr(address, &storage) else 0
 
 
 cdef uint64_t raw_rate_source(const void* address) noexcept nogil:
@@ -171,23 +177,8 @@ cdef uint64_t raw_rate_source(const void* address) noexcept nogil:
 cdef uint64_t rate_source(object address):
     """raw_rate_source of an address as the transport hands it over (0: not an IP address):
     the source relay_core.sources.source_key names, as a 64-bit key."""
-    cdef sockaddr_in sin
-    cdef sockaddr_in6 sin6
-    cdef bytes packed
-    if type(address) is not tuple or len(address) not in (2, 4) or type(address[0]) is not str:
-        return 0
-    try:
-        if len(address) == 2:
-            packed = socket.inet_pton(socket.AF_INET, address[0])
-            sin.sin_family = AF_INET
-            memcpy(&sin.sin_addr, <const char*>packed, 4)
-            return raw_rate_source(&sin)
-        packed = socket.inet_pton(socket.AF_INET6, address[0].partition("%")[0])
-        sin6.sin6_family = AF_INET6
-        memcpy(&sin6.sin6_addr, <const char*>packed, 16)
-        return raw_rate_source(&sin6)
-    except (OSError, ValueError, TypeError):
-        return 0
+    cdef sockaddr_in6 storage
+    return raw_rate_source(&storage) if to_sockaddr(address, &storage) else 0
 
 
 cdef Py_ssize_t raw_address_repr(const void* address, char* out, Py_ssize_t size) noexcept nogil:

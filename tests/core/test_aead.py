@@ -1,12 +1,16 @@
 """relay_core.aead (libsodium's ChaCha20-Poly1305 IETF, called from C) against the declared test
 oracle, the ``cryptography`` package's ChaCha20Poly1305: the same bytes for every key, nonce,
-plaintext and associated data, and refusal of anything altered."""
+plaintext and associated data, and refusal of anything altered. The cookie's keyed BLAKE2s
+(written out in relay_core.aead) against hashlib.blake2s."""
+import hashlib
+
 import pytest
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings, strategies as st
 
 from relay_core import aead
+from relay_core.aead import keyed_blake2s
 
 keys = st.binary(min_size=32, max_size=32)
 nonces = st.binary(min_size=12, max_size=12)
@@ -59,3 +63,27 @@ def test_keys_and_nonces_of_the_wrong_size_are_a_value_error(key, nonce):
 
 def test_sizes_are_those_of_rfc_8439():
     assert (aead.KEY_SIZE, aead.NONCE_SIZE, aead.TAG_SIZE) == (32, 12, 16)
+
+
+# -- the handshake cookie's keyed BLAKE2s, against hashlib (the declared oracle) -----------------
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.binary(min_size=1, max_size=32), data=st.binary(max_size=300),
+       digest_size=st.integers(1, 32))
+def test_keyed_blake2s_matches_hashlib(key, data, digest_size):
+    assert keyed_blake2s(key, data, digest_size) == hashlib.blake2s(data, key=key, digest_size=digest_size).digest()
+
+
+@pytest.mark.parametrize("size", [0, 1, 55, 56, 63, 64, 65, 127, 128, 129, 1200])
+def test_keyed_blake2s_at_block_boundaries(size):
+    key, data = bytes(range(32)), bytes(range(256)) * 5
+    assert keyed_blake2s(key, data[:size]) == hashlib.blake2s(data[:size], key=key, digest_size=16).digest()
+
+
+def test_keyed_blake2s_refuses_bad_sizes():
+    with pytest.raises(ValueError):
+        keyed_blake2s(b"", b"x")
+    with pytest.raises(ValueError):
+        keyed_blake2s(bytes(33), b"x")
+    with pytest.raises(ValueError):
+        keyed_blake2s(b"k", b"x", 33)

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from relay_core import Endpoint, EndpointConfig
+from test_batchio import HAS_IPV6
 from relay_core.wire import encode_packet
 
 _batchio = pytest.importorskip("relay._batchio")
@@ -21,18 +22,7 @@ if not _batchio.AVAILABLE:
     pytest.skip("recvmmsg/sendmmsg are Linux-only", allow_module_level=True)
 
 
-def has_ipv6_loopback():
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            sock.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-FAMILIES = [(socket.AF_INET, "127.0.0.1")]
-if has_ipv6_loopback():
-    FAMILIES.append((socket.AF_INET6, "::1"))
+FAMILIES = [(socket.AF_INET, "127.0.0.1")] + ([(socket.AF_INET6, "::1")] if HAS_IPV6 else [])
 
 
 class Server:
