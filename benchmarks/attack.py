@@ -9,6 +9,9 @@ Two scenarios, each in open and token mode, on loopback only, bounded in time:
 * ``lockout`` (M2): the flooder forges CONNECT_REQUESTs from the joiner's own IP (127.0.0.77,
   any port) at ``--lockout-rate`` (2 000/s, the rate that locked a client out before) while the
   joiner connects from that IP.
+* ``slowloris`` (M3): a relay whose descriptor limit is 256 gets ``--slowloris-connections``
+  (600) HTTP connections that send a request line and one header and never finish, while /health
+  is probed; PASS needs every probe answered within 1 s.
 
 Measured: the bots' late inputs (inputs that missed their frame) and frame checks, the joins'
 time to connected (p50/p99/max) and failures, the relay's peers during the flood (no state for
@@ -16,12 +19,13 @@ forged packets), its drops by reason and its CPU, and the kernel's receive-buffe
 needs: late inputs <= 1 %, join p99 <= 1 s and no failed join, no frame lost or mismatched,
 never more peers than the players and one joiner. ``--small`` is the short run the test suite makes.
 
-    python benchmarks/attack.py                       # both scenarios, both modes (~1 min)
+    python benchmarks/attack.py                       # every scenario, both modes (~1 min)
     python benchmarks/attack.py --scenario flood --mode open --seconds 20 --json out.json
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import os
@@ -83,7 +87,7 @@ def free_port(kind: int) -> int:
 class Relay:
     """``relay serve`` in its own process (replays off, warnings only)."""
 
-    def __init__(self, mode: str, workdir: pathlib.Path):
+    def __init__(self, mode: str, workdir: pathlib.Path, fd_limit: int = 0):
         self.mode = mode
         self.udp_port, self.http_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -94,8 +98,13 @@ class Relay:
             env["RELAY_SECURITY_KEYS"] = f"{KEY_ID}:{base64.b64encode(KEY).decode()}"
         env.pop("RELAY_CONFIG", None)
         self.log = open(workdir / f"relay-{mode}.log", "w+")
+        def limit_descriptors():
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
         self.process = subprocess.Popen([sys.executable, "-m", "relay.cli", "serve"], env=env, cwd=ROOT,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+                                        stdout=self.log, stderr=subprocess.STDOUT,
+                                        preexec_fn=limit_descriptors if fd_limit else None)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -259,7 +268,77 @@ def run_scenario(args, scenario: str, mode: str, flooder: pathlib.Path, workdir:
     return result
 
 
+SLOWLORIS_HEAD = b"GET /health HTTP/1.1\r\nHost: relay\r\n"     # and never the blank line
+
+
+async def slowloris(port: int, pid: int, connections: int, seconds: float) -> dict:
+    """Opens ``connections`` half-open HTTP connections (one after another, as fast as they are
+    accepted), probing /health every second meanwhile and after."""
+    held = []
+    probes: list[float | None] = []
+
+    async def probe():
+        started = time.monotonic()
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2.0)
+            writer.write(b"GET /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+            response = await asyncio.wait_for(reader.read(), 2.0)
+            writer.transport.abort()
+            probes.append(time.monotonic() - started if response.startswith(b"HTTP/1.1 200") else None)
+        except (OSError, asyncio.TimeoutError):
+            probes.append(None)
+
+    async def open_one():
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+            writer.write(SLOWLORIS_HEAD)
+            held.append(writer)
+        except (OSError, asyncio.TimeoutError):
+            pass
+
+    deadline = time.monotonic() + seconds
+    next_probe = time.monotonic()
+    opened = 0
+    while time.monotonic() < deadline:
+        if opened < connections:
+            await asyncio.gather(*[open_one() for _ in range(min(50, connections - opened))])
+            opened += 50
+        if time.monotonic() >= next_probe:
+            next_probe += 1.0
+            await probe()
+        await asyncio.sleep(0.05)
+    await probe()
+    fds = len(os.listdir(f"/proc/{pid}/fd"))              # while every connection is still held
+    for writer in held:
+        writer.transport.abort()
+    return {"opened": len(held), "probes": probes, "fds": fds}
+
+
+def run_slowloris(args, mode: str, workdir: pathlib.Path) -> dict:
+    relay = Relay(mode, workdir, fd_limit=256)
+    try:
+        outcome = asyncio.run(slowloris(relay.http_port, relay.process.pid, args.slowloris_connections,
+                                        args.seconds))
+    finally:
+        relay.stop()
+    answered = [p for p in outcome["probes"] if p is not None]
+    result = {"scenario": "slowloris", "mode": mode, "connections_opened": outcome["opened"],
+              "probes": len(outcome["probes"]), "probes_answered": len(answered),
+              "slowest_probe_ms": round(1000 * max(answered), 1) if answered else None,
+              "relay_fds": outcome["fds"]}
+    result["checks"] = {"every /health probe answered within 1 s":
+                        len(answered) == len(outcome["probes"]) and max(answered, default=9) <= 1.0}
+    result["pass"] = all(result["checks"].values())
+    return result
+
+
 def print_result(result: dict) -> None:
+    if result["scenario"] == "slowloris":
+        print(f"slowloris {result['mode']:6} {result['connections_opened']} half-open HTTP connections, "
+              f"RLIMIT_NOFILE 256: /health {result['probes_answered']}/{result['probes']} answered, slowest "
+              f"{result['slowest_probe_ms']} ms; the relay holds {result['relay_fds']} descriptors  "
+              f"{'PASS' if result['pass'] else 'FAIL'}")
+        return
     joins, flood = result["joins"], result["flood"]
     late = result["late_input_share"]
     print(f"{result['scenario']:8} {result['mode']:6} flood {flood['rate'] / 1000:7.1f} k/s  "
@@ -276,13 +355,15 @@ def print_result(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", choices=("flood", "lockout", "both"), default="both")
+    parser.add_argument("--scenario", choices=("flood", "lockout", "slowloris", "all"), default="all")
     parser.add_argument("--mode", choices=("open", "token", "both"), default="both")
     parser.add_argument("--seconds", type=float, default=10.0, help="flood duration per run (default 10)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="flood datagrams per second; 0: as fast as one thread sends (default)")
     parser.add_argument("--lockout-rate", type=float, default=2000.0,
                         help="forged requests per second from the joiner's IP (default 2000)")
+    parser.add_argument("--slowloris-connections", type=int, default=600,
+                        help="half-open HTTP connections (default 600; the relay's descriptor limit is 256)")
     parser.add_argument("--rooms", type=int, default=2)
     parser.add_argument("--players", type=int, default=4)
     parser.add_argument("--small", action="store_true", help="a short run (4 s per scenario and mode)")
@@ -292,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds = 4.0
     if not 2.0 <= args.seconds <= 300.0 or args.rate < 0 or args.lockout_rate <= 0:
         parser.error("--seconds 2..300, --rate >= 0, --lockout-rate > 0")
-    scenarios = ("flood", "lockout") if args.scenario == "both" else (args.scenario,)
+    scenarios = ("flood", "lockout", "slowloris") if args.scenario == "all" else (args.scenario,)
     modes = ("open", "token") if args.mode == "both" else (args.mode,)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="relay-attack-"))
     results = []
@@ -300,7 +381,12 @@ def main(argv: list[str] | None = None) -> int:
         flooder = build_flooder(workdir)
         for scenario in scenarios:
             for mode in modes:
-                result = run_scenario(args, scenario, mode, flooder, workdir)
+                if scenario == "slowloris":
+                    if mode != modes[0]:
+                        continue            # HTTP is the same in either mode
+                    result = run_slowloris(args, mode, workdir)
+                else:
+                    result = run_scenario(args, scenario, mode, flooder, workdir)
                 print_result(result)
                 results.append(result)
     finally:
