@@ -179,3 +179,20 @@ def test_replies_to_the_flood_stay_within_the_budget_over_time():
         replies += len(sent)
     assert replies <= 50 + 3 * 500 + 50, replies
     assert replies >= 3 * 500 * 0.7, replies
+
+
+def test_sources_are_grouped_as_relay_core_sources_groups_them():
+    """The rate table's sources (64-bit keys in C) are relay_core.sources.source_key's: an
+    IPv4-mapped IPv6 address is its IPv4 address, an IPv6 /64 is one source, a port is not."""
+    from relay_core.sources import source_key
+    addresses = [("192.0.2.1", 1), ("192.0.2.1", 2), ("::ffff:192.0.2.1", 3, 0, 0),
+                 ("2001:db8:1:2::1", 4, 0, 0), ("2001:db8:1:2:ffff::9", 5, 0, 0),
+                 ("2001:db8:1:3::1", 6, 0, 0), ("192.0.2.2", 1)]
+    for a in addresses:
+        for b in addresses:
+            server = Endpoint(EndpointConfig(accept_connections=True, seed=1, handshake_rate=1.0,
+                                             handshake_burst=1))
+            server.receive(encode_packet(dict(type="connect_request", connect_id=1)), a, 0.0)
+            server.receive(encode_packet(dict(type="connect_request", connect_id=2)), b, 0.0)
+            shared = server.drops.get("rate_limited", 0) == 1
+            assert shared == (source_key(a) == source_key(b)), (a, b)
