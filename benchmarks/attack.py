@@ -12,6 +12,10 @@ Two scenarios, each in open and token mode, on loopback only, bounded in time:
 * ``slowloris`` (M3): a relay whose descriptor limit is 256 gets ``--slowloris-connections``
   (600) HTTP connections that send a request line and one header and never finish, while /health
   is probed; PASS needs every probe answered within 1 s.
+* ``fragments`` (M4): benchmarks/fragment_memory.py, ``--fragment-peers`` (500) open-mode
+  connections each parking never-completed fragments against the default receive budget (256
+  MiB), in one process: PASS needs RSS to grow by at most the budget + 16 MiB and to come back
+  within 8 MiB once they left.
 
 Measured: the bots' late inputs (inputs that missed their frame) and frame checks, the joins'
 time to connected (p50/p99/max) and failures, the relay's peers during the flood (no state for
@@ -332,7 +336,36 @@ def run_slowloris(args, mode: str, workdir: pathlib.Path) -> dict:
     return result
 
 
+MIB = 1 << 20
+
+
+def run_fragments(args) -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "fragment_memory.py"), "--peers", str(args.fragment_peers)],
+                          capture_output=True, text=True, timeout=600, check=True, cwd=ROOT)
+    figures = json.loads(done.stdout)
+    grown, left = figures["rss_parked"] - figures["rss_before"], figures["rss_after"] - figures["rss_before"]
+    result = {"scenario": "fragments", "mode": "open", "peers": figures["peers"],
+              "rss_before_mib": round(figures["rss_before"] / MIB, 1),
+              "rss_parked_mib": round(figures["rss_parked"] / MIB, 1),
+              "rss_after_mib": round(figures["rss_after"] / MIB, 1),
+              "counted_bytes": figures["parked_used"], "limit_bytes": figures["limit"],
+              "drops": figures["drops"]}
+    result["checks"] = {"RSS within the budget + 16 MiB": grown <= figures["limit"] + 16 * MIB,
+                        "RSS back within 8 MiB once they left": left <= 8 * MIB and figures["used_after"] == 0}
+    result["pass"] = all(result["checks"].values())
+    return result
+
+
 def print_result(result: dict) -> None:
+    if result["scenario"] == "fragments":
+        print(f"fragments open   {result['peers']} connections parking fragments: RSS {result['rss_before_mib']} -> "
+              f"{result['rss_parked_mib']} MiB parked ({result['counted_bytes']} of {result['limit_bytes']} "
+              f"bytes counted) -> {result['rss_after_mib']} MiB after they left  "
+              f"{'PASS' if result['pass'] else 'FAIL'}")
+        for name, ok in result["checks"].items():
+            if not ok:
+                print(f"    FAIL: {name}")
+        return
     if result["scenario"] == "slowloris":
         print(f"slowloris {result['mode']:6} {result['connections_opened']} half-open HTTP connections, "
               f"RLIMIT_NOFILE 256: /health {result['probes_answered']}/{result['probes']} answered, slowest "
@@ -355,7 +388,7 @@ def print_result(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", choices=("flood", "lockout", "slowloris", "all"), default="all")
+    parser.add_argument("--scenario", choices=("flood", "lockout", "slowloris", "fragments", "all"), default="all")
     parser.add_argument("--mode", choices=("open", "token", "both"), default="both")
     parser.add_argument("--seconds", type=float, default=10.0, help="flood duration per run (default 10)")
     parser.add_argument("--rate", type=float, default=0.0,
@@ -364,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="forged requests per second from the joiner's IP (default 2000)")
     parser.add_argument("--slowloris-connections", type=int, default=600,
                         help="half-open HTTP connections (default 600; the relay's descriptor limit is 256)")
+    parser.add_argument("--fragment-peers", type=int, default=500,
+                        help="connections of the fragments scenario (default 500)")
     parser.add_argument("--rooms", type=int, default=2)
     parser.add_argument("--players", type=int, default=4)
     parser.add_argument("--small", action="store_true", help="a short run (4 s per scenario and mode)")
@@ -371,9 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.small:
         args.seconds = 4.0
+        args.fragment_peers = min(args.fragment_peers, 100)
     if not 2.0 <= args.seconds <= 300.0 or args.rate < 0 or args.lockout_rate <= 0:
         parser.error("--seconds 2..300, --rate >= 0, --lockout-rate > 0")
-    scenarios = ("flood", "lockout", "slowloris") if args.scenario == "all" else (args.scenario,)
+    scenarios = ("flood", "lockout", "slowloris", "fragments") if args.scenario == "all" else (args.scenario,)
     modes = ("open", "token") if args.mode == "both" else (args.mode,)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="relay-attack-"))
     results = []
@@ -381,10 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         flooder = build_flooder(workdir)
         for scenario in scenarios:
             for mode in modes:
-                if scenario == "slowloris":
+                if scenario in ("slowloris", "fragments"):
                     if mode != modes[0]:
-                        continue            # HTTP is the same in either mode
-                    result = run_slowloris(args, mode, workdir)
+                        continue            # the same in either mode (fragments: open mode's worst case)
+                    result = run_slowloris(args, mode, workdir) if scenario == "slowloris" else run_fragments(args)
                 else:
                     result = run_scenario(args, scenario, mode, flooder, workdir)
                 print_result(result)

@@ -1,7 +1,7 @@
 """M4 (issue 17) in RSS: 300 connections each parking never-completed fragments stay within
 receive_memory_limit plus a fixed overhead, and the memory comes back when they leave.
 
-The pattern runs in a fresh interpreter (tests/e2e/receive_memory_probe.py) so that RSS is
+The pattern runs in a fresh interpreter (benchmarks/fragment_memory.py) so that RSS is
 the endpoint's and nothing else's. Before each figure the probe collects garbage and calls
 glibc's malloc_trim(0): glibc keeps freed heap pages for reuse instead of returning them, so
 without it RSS after a release says little about what is still held.
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROBE = Path(__file__).with_name("receive_memory_probe.py")
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "fragment_memory.py"
 MB = 1024 * 1024
 
 

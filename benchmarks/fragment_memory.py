@@ -13,7 +13,7 @@ process runs ``gc.collect()`` and glibc's ``malloc_trim(0)``: glibc keeps freed 
 reuse rather than returning them (that is not a leak, but RSS cannot tell the difference), and
 trimming makes RSS show what is really still held.
 
-    python tests/e2e/receive_memory_probe.py --peers 500
+    python benchmarks/fragment_memory.py --peers 500    # also: benchmarks/attack.py --scenario fragments
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from relay_core import Endpoint, EndpointConfig, decode_packet, encode_packet  # noqa: E402
 
