@@ -242,6 +242,8 @@ class RelayServer:
         """Counts kept as plain integers on the hot paths, into their metrics: before every
         scrape and once a second (the stats pass), never per tick or packet."""
         metrics = self.metrics
+        if self.agones.enabled:
+            metrics.sync_agones(self.agones.stats())
         lobby = self.lobby
         if lobby.counts:
             metrics.add_counts(lobby.counts)

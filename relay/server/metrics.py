@@ -47,6 +47,11 @@ HANDSHAKE_REFUSAL_REASONS = ("server_full", "token_invalid", "token_expired", "t
                              "token_required", "token_unsupported", "source_session_limit")
 ADMIN_AUTH_FAILURES = ("missing", "malformed", "wrong")
 REPLAY_DISK_ACTIONS = ("deleted", "stopped", "not_recorded")
+AGONES_STATES = ("Scheduled", "RequestReady", "Ready", "Reserved", "Allocated", "Unhealthy",
+                 "Shutdown")
+"""GameServer states as Agones names them (the ones a running relay's pod can be in); another
+state gets its series when it is seen."""
+AGONES_ALLOCATIONS = ("allocator", "self")
 
 TICK_LATENESS_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 RTT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0)
@@ -121,6 +126,18 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
      "Replays deleted (oldest finished), stopped early or not recorded to keep "
      "replay.max_disk_bytes, by action.", ("action",), REPLAY_DISK_ACTIONS, {}),
     ("draining", Gauge, "relay_draining", "1 while the relay is draining, else 0.", (), (), {}),
+    ("agones_state", Gauge, "relay_agones_state",
+     "1 for the state of this relay's GameServer as last watched (agones.enabled), else 0.",
+     ("state",), AGONES_STATES, {}),
+    ("agones_rooms", Gauge, "relay_agones_rooms",
+     "Room slots: held by this relay (live rooms and allocations not yet created), and the "
+     "Agones rooms Counter's count and capacity as last watched.", ("kind",),
+     ("held", "counter_count", "counter_capacity"), {}),
+    ("agones_allocations", Counter, "relay_agones_allocations_total",
+     "Allocations of this GameServer: by an allocator, or by the relay itself for a room "
+     "created while it was Ready.", ("by",), AGONES_ALLOCATIONS, {}),
+    ("agones_sidecar_failures", Counter, "relay_agones_sidecar_failures_total",
+     "Requests to the Agones SDK sidecar that failed (each retry counts).", (), (), {}),
 )
 
 # sync_totals keyword -> counter attribute (the same names), and PeerStats field -> keyword.
@@ -169,6 +186,10 @@ class Metrics:
     replay_bytes: Counter
     replay_disk: Counter
     draining: Gauge
+    agones_state: Gauge
+    agones_rooms: Gauge
+    agones_allocations: Counter
+    agones_sidecar_failures: Counter
 
     def __init__(self, process: bool = True, platform: bool = True):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -240,6 +261,23 @@ class Metrics:
             (metric if label is None else metric.labels(label)).inc(count)
 
     # -- mirroring cumulative totals ---------------------------------------------------------
+
+    def sync_agones(self, stats: Mapping[str, Any]) -> None:
+        """Mirror ``AgonesClient.stats()``: the GameServer's state, the room slots, and the
+        cumulative allocation and failure counts."""
+        state = stats.get("state")
+        for child_state in {*AGONES_STATES, *([state] if state else [])}:
+            self.agones_state.labels(state=child_state).set(1 if child_state == state else 0)
+        self.agones_rooms.labels(kind="held").set(stats.get("rooms_held") or 0)
+        count, capacity = stats.get("counter_seen") or (0, 0)
+        self.agones_rooms.labels(kind="counter_count").set(count)
+        self.agones_rooms.labels(kind="counter_capacity").set(capacity)
+        self.add_counter_delta(self.agones_allocations.labels(by="allocator"),
+                               stats.get("allocations_seen", 0), "allocator", source="agones")
+        self.add_counter_delta(self.agones_allocations.labels(by="self"),
+                               stats.get("self_allocations", 0), "self", source="agones")
+        self.add_counter_delta(self.agones_sidecar_failures, stats.get("requests_failed", 0),
+                               "failures", source="agones")
 
     def add_counter_delta(self, counter: Any, new_total: float, key: Hashable,
                           source: Hashable = None) -> float:

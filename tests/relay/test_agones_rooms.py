@@ -419,6 +419,12 @@ def test_allocation_specs_and_settings():
 
 # -- the server wired to it -----------------------------------------------------------------
 
+def scrape(server):
+    text = server.metrics.render()[0].decode()
+    return {name: float(value) for name, value in
+            (line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("relay_agones"))}
+
+
 def test_the_server_creates_allocated_rooms_and_keeps_its_gameserver_allocated(tmp_path):
     from relay.server.daemon import RelayServer
 
@@ -450,12 +456,23 @@ def test_the_server_creates_allocated_rooms_and_keeps_its_gameserver_allocated(t
             await eventually(lambda: count(sidecar) == 3)
             await asyncio.sleep(0.1)
             assert count(sidecar) == 3 and sorted(server.rooms) == ["admin-1", "m1", "m2"]
+            # What /metrics says of it.
+            await eventually(lambda: server.agones.counter_seen == (3, 3))
+            exported = scrape(server)
+            assert exported['relay_agones_state{state="Allocated"}'] == 1
+            assert exported['relay_agones_state{state="Ready"}'] == 0
+            assert exported['relay_agones_rooms{kind="held"}'] == 3
+            assert exported['relay_agones_rooms{kind="counter_count"}'] == 3
+            assert exported['relay_agones_rooms{kind="counter_capacity"}'] == 3
+            assert exported['relay_agones_allocations_total{by="allocator"}'] == 2
+            assert exported["relay_agones_sidecar_failures_total"] == 0
             for room in ("m1", "admin-1", "m2"):
                 server.end_room(room)
             await eventually(lambda: sidecar.state == "Ready" and count(sidecar) == 0)
             # A room created through the admin API on a Ready relay allocates it.
             server.create_room("solo")
             await eventually(lambda: sidecar.state == "Allocated")
+            await eventually(lambda: scrape(server)['relay_agones_allocations_total{by="self"}'] == 1)
             server.drain()
             await eventually(lambda: sidecar.state == "Shutdown", timeout=3)
             assert sidecar.counters["rooms"]["capacity"] == 0
