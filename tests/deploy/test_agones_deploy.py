@@ -52,6 +52,28 @@ def _int_or_percent(value):
     return int(match.group(1)), True
 
 
+def _buffer_errors(body, low_key, high_key, percent_floor_error):
+    """Agones' checks of a buffer policy (Buffer: replicas; Counter and List: capacity)."""
+    errors = []
+    size, percent = _int_or_percent(body["bufferSize"])
+    low, high = body.get(low_key, 0), body[high_key]
+    if low > high:
+        errors.append(f"{low_key} should be smaller than {high_key}")
+    if not percent:
+        if size <= 0:
+            errors.append("bufferSize must be positive")
+        if high < size:
+            errors.append(f"{high_key} should be bigger than or equal to bufferSize")
+        if low != 0 and low < size:
+            errors.append(f"{low_key} should be bigger than or equal to bufferSize")
+    else:
+        if not 1 <= size <= 99:
+            errors.append("bufferSize should be between 1% and 99%")
+        if low < 1:
+            errors.append(percent_floor_error)
+    return errors
+
+
 def webhook_errors(autoscaler: dict) -> list[str]:
     """What Agones' admission webhook refuses in a FleetAutoscaler (ValidateBufferPolicy,
     ValidateCounterPolicy, ValidateFixedIntervalSync at the pinned version)."""
@@ -63,39 +85,11 @@ def webhook_errors(autoscaler: dict) -> list[str]:
     if body is None:
         return [f"{kind.lower()} policy config params are missing"]
     if kind == "Buffer":
-        size, percent = _int_or_percent(body["bufferSize"])
-        low, high = body.get("minReplicas", 0), body["maxReplicas"]
-        if low > high:
-            errors.append("minReplicas should be smaller than maxReplicas")
-        if not percent:
-            if size <= 0:
-                errors.append("bufferSize must be positive")
-            if high < size:
-                errors.append("maxReplicas should be bigger than or equal to bufferSize")
-            if low != 0 and low < size:
-                errors.append("minReplicas should be bigger than or equal to bufferSize")
-        else:
-            if not 1 <= size <= 99:
-                errors.append("bufferSize should be between 1% and 99%")
-            if low < 1:
-                errors.append("minReplicas must be positive with a percentage buffer")
+        errors += _buffer_errors(body, "minReplicas", "maxReplicas",
+                                 "minReplicas must be positive with a percentage buffer")
     if kind in ("Counter", "List"):
-        size, percent = _int_or_percent(body["bufferSize"])
-        low, high = body.get("minCapacity", 0), body["maxCapacity"]
-        if low > high:
-            errors.append("minCapacity should be smaller than maxCapacity")
-        if not percent:
-            if size <= 0:
-                errors.append("bufferSize must be positive")
-            if high < size:
-                errors.append("maxCapacity should be bigger than or equal to bufferSize")
-            if low != 0 and low < size:
-                errors.append("minCapacity should be bigger than or equal to bufferSize")
-        else:
-            if not 1 <= size <= 99:
-                errors.append("bufferSize should be between 1% and 99%")
-            if low < 1:
-                errors.append("minCapacity should be more than 0 with a percentage buffer")
+        errors += _buffer_errors(body, "minCapacity", "maxCapacity",
+                                 "minCapacity should be more than 0 with a percentage buffer")
     sync = autoscaler["spec"].get("sync")
     if sync is not None and sync["fixedInterval"]["seconds"] <= 0:
         errors.append("sync seconds must be positive")
