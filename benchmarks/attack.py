@@ -3,8 +3,9 @@
 Two scenarios, each in open and token mode, on loopback only, bounded in time:
 
 * ``flood`` (issue #17, M1): benchmarks/flood.c (built with ``cc -O2``) sends forged
-  CONNECT_REQUESTs, CONNECT_RESPONSEs with made-up cookies and DATA with random session ids from
-  random 127.x.y.z sources at the highest rate one thread can send (``--rate 0``), while
+  CONNECT_REQUESTs, CONNECT_RESPONSEs with made-up cookies, and DATA, PATH_RESPONSEs and
+  DISCONNECTs with random session ids from random 127.x.y.z sources at the highest rate one
+  thread can send (``--rate 0``), while
   ``relay bot`` plays rooms and a joiner connects a new client every 0.2 s.
 * ``lockout`` (M2): the flooder forges CONNECT_REQUESTs from the joiner's own IP (127.0.0.77,
   any port) at ``--lockout-rate`` (2 000/s, the rate that locked a client out before) while the
@@ -69,6 +70,10 @@ def flood_templates(mode: str, kinds: tuple[str, ...]) -> list[str]:
         "response": (vector("secure_connect_response" if secure else "connect_response"), 4, 24),
         # session id, sequence numbers, acks and times
         "data": (vector("data_heartbeat_first_packet") + bytes(16), 4, 16),
+        # session id and path data: an answer to a challenge nobody sent
+        "path": (vector("secure_path_response" if secure else "path_response"), 4, 12),
+        # session id (and, sealed, the rest)
+        "disconnect": (vector("secure_disconnect" if secure else "disconnect_closed"), 4, 4),
     }
     return [f"{templates[k][0].hex()}:{templates[k][1]}:{templates[k][2]}" for k in kinds]
 
@@ -205,7 +210,7 @@ def run_scenario(args, scenario: str, mode: str, flooder: pathlib.Path, workdir:
         time.sleep(2.0)                         # the rooms start before the flood
         if scenario == "flood":
             flood_args = ["--sockets", "16"]
-            for template in flood_templates(mode, ("request", "response", "data")):
+            for template in flood_templates(mode, ("request", "response", "data", "path", "disconnect")):
                 flood_args += ["--datagram", template]
             rate = args.rate
             joiner_ip = "127.0.0.1"

@@ -108,6 +108,7 @@ cdef class Endpoint:
     cdef void _due_shrink(self) noexcept
     cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token)
     cdef bint _raw_cookie_is_bad(self, const uint8_t* p, Py_ssize_t n, const void* address) noexcept
+    cdef int _admit_raw_reply(self, int ptype, const uint8_t* p, Py_ssize_t n, const void* address) noexcept
     cdef int admit_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) noexcept
     cdef void _know(self, object address, uint32_t session_id, int delta)
     cdef bint _over_handshake_rate(self, uint64_t source, double now) noexcept

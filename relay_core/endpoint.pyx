@@ -337,6 +337,7 @@ cdef class Endpoint:
                     self.block_budget, TAG_SIZE if token is not None else 0, token)
         peer.sink = self.message_sink
         self.peers_by_address[address] = peer
+        self._know(address, 0, 1)
         self.peers[peer.peer_id] = peer
         self._touch(peer)
         self.output_pending = True
@@ -871,7 +872,9 @@ cdef class Endpoint:
                 self.drop_counts[DROP_BAD_COOKIE] += 1
                 return 0
             return 1
-        if ptype != PT_CONNECT_REQUEST or not self.accept_connections:
+        if ptype != PT_CONNECT_REQUEST:
+            return self._admit_raw_reply(ptype, p, n, address)
+        if not self.accept_connections:
             return 1
         key = raw_address_key(address)
         if key == 0 or decode_connect_request(p, n, &request) < 0:
@@ -879,6 +882,43 @@ cdef class Endpoint:
         if not self._admit_request(key, raw_rate_source(address), request.connect_id, now):
             return 0
         self.raw_admitted_requests += 1         # charged: receive_batch does not charge it again
+        return 1
+
+    cdef int _admit_raw_reply(self, int ptype, const uint8_t* p, Py_ssize_t n, const void* address) noexcept:
+        """admit_raw for the other packet types (CHALLENGE, ACCEPT, REFUSE and DISCONNECT, and
+        PATH_CHALLENGE / PATH_RESPONSE): a malformed one, or one for a peer neither filter knows,
+        is dropped here under the reason the Python path would count."""
+        cdef CookiePacket cookie
+        cdef AcceptPacket accept
+        cdef RefusePacket refuse
+        cdef SessionPacket session
+        cdef int status
+        cdef uint64_t key = raw_address_key(address)
+        cdef bint known
+        if key == 0:
+            return 1
+        if ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
+            status = decode_path_packet(p, n, &session)
+        elif ptype == PT_CHALLENGE:
+            status = decode_challenge(p, n, &cookie)
+        elif ptype == PT_ACCEPT:
+            status = decode_accept(p, n, &accept)
+        elif ptype == PT_REFUSE:
+            status = decode_refuse(p, n, &refuse)
+        elif ptype == PT_DISCONNECT:
+            status = decode_disconnect(p, n, &session)
+        else:
+            return 1
+        if status < 0:
+            self.drop_counts[-status - 1] += 1
+            return 0
+        if ptype == PT_PATH_RESPONSE:       # its peer is found by session id (it comes from a new address)
+            known = self.known_sessions[mix64(session.session_id) % KNOWN_SLOTS] != 0
+        else:
+            known = self.known_addresses[key % KNOWN_SLOTS] != 0
+        if not known:
+            self.drop_counts[DROP_UNKNOWN_PEER] += 1
+            return 0
         return 1
 
     cdef bint _admit_request(self, uint64_t address, uint64_t source, uint32_t connect_id, double now) noexcept:
@@ -1167,6 +1207,7 @@ cdef class Endpoint:
             if accept.flags & ACCEPT_FLAG_ENCRYPTED:
                 peer.protect(token.client_key, token.server_key)
         self.sessions[accept.session_id] = peer
+        self._know(None, accept.session_id, 1)
         peer.on_accept(accept.session_id, now, accept.ack_delay_ms / 1000.0)
 
     # -- address migration -----------------------------------------------------------------

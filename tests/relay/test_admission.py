@@ -7,6 +7,8 @@ connects; forged cookies, DATA from unknown addresses and requests over the budg
 drops that recv never returns."""
 from __future__ import annotations
 
+import json
+import pathlib
 import random
 import socket
 import time
@@ -126,5 +128,39 @@ def test_requests_over_the_budget_are_refused_while_reading_and_a_resend_still_g
             data, source = client_sock.recvfrom(2048)
             client.receive(data, source, 0.0)
             assert not client.is_connected(peer) and data[3] == 0x02    # a CHALLENGE
+    finally:
+        server.close()
+
+
+# -- the C path counts every vector as the Python path does ---------------------------------------
+
+def _vectors():
+    directory = pathlib.Path(__file__).resolve().parents[1] / "vectors"
+    for path in sorted(directory.glob("*.json")):
+        for vector in json.loads(path.read_text())["vectors"]:
+            if "server_drop" in vector:
+                yield vector
+
+
+@pytest.mark.parametrize("vector", list(_vectors()), ids=lambda v: v["name"])
+def test_every_vector_read_through_the_admission_is_dropped_or_answered_as_the_python_path_does(vector):
+    """tests/core/test_vectors.py's expectations (a server receiving each vector from an
+    unknown address), with the datagram read from a real socket: admit_raw drops what it can
+    under the same reason, and hands over the rest."""
+    server = Server(socket.AF_INET, "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.sendto(bytes.fromhex(vector["hex"]), server.address)
+            server.pump(0.0)
+            expected = vector["server_drop"]
+            assert server.endpoint.drops == ({expected: 1} if expected else {})
+            assert server.endpoint.peer_count == 0
+            sock.settimeout(0.2 if vector.get("server_reply") else 0.02)
+            try:
+                reply = sock.recv(2048)
+            except (TimeoutError, BlockingIOError):
+                reply = None
+            assert (reply is not None) == bool(vector.get("server_reply")), reply
     finally:
         server.close()
