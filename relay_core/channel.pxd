@@ -75,6 +75,10 @@ cdef class SendChannel:
     cdef readonly uint64_t resends
     cdef readonly uint64_t redundant_bytes
     cdef readonly uint64_t fast_resends     # resends on an ack-gap loss signal (not RTO expiries)
+    # Resends for nothing: the acknowledged datagram was sent before the message's last resend
+    # (the message was late, or its ack was lost). All of its resends when that datagram was its
+    # first send; else the last one (a lower bound).
+    cdef readonly uint64_t spurious_resends
     cdef readonly bint failed           # a message passed the resend or RTO limit
 
     cdef bint queue(self, bytes payload)
@@ -84,7 +88,7 @@ cdef class SendChannel:
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
                                     int max_copies, double now, double late_after)
-    cdef void on_ack(self, uint16_t msg_id, int fragment)
+    cdef void on_ack(self, uint16_t msg_id, int fragment, double sent_at)
     cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now)
     cdef void expire(self, double now)
     cdef double next_deadline(self)

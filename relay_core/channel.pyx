@@ -135,7 +135,7 @@ cdef class SendChannel:
                                     int max_copies, double now, double late_after):
         return pos
 
-    cdef void on_ack(self, uint16_t msg_id, int fragment):
+    cdef void on_ack(self, uint16_t msg_id, int fragment, double sent_at):
         pass
 
     cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now):
@@ -337,12 +337,17 @@ cdef class ReliableSendChannel(SendChannel):
             msg_id += 1
         return pos
 
-    cdef void on_ack(self, uint16_t msg_id, int fragment):
+    cdef void on_ack(self, uint16_t msg_id, int fragment, double sent_at):
+        """``sent_at``: when the acknowledged datagram was sent."""
         cdef int slot = self.slots.slot(msg_id)
         cdef OutMessage* m = &self.msgs[slot]
         cdef bytearray acks
         if not (m.in_use and self.slots.contains(msg_id)):
             return
+        if m.fragment_count == 1 and m.resends > 0 and sent_at < m.written_at:
+            # The first send got through: every resend was for nothing. A resend got through:
+            # at least the last one was (how many came after it is not kept).
+            self.spurious_resends += m.resends if sent_at <= m.first_sent else 1
         if m.fragment_count > 1:
             acks = self.fragment_acks[slot]
             if acks[fragment]:
@@ -404,6 +409,7 @@ cdef class ReliableSendChannel(SendChannel):
         return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent, slots=self.slots.size,
                     pending=self.queued() - <uint16_t>(self.next_id - self.oldest), earliest_deadline=self.earliest_deadline,
                     resends=self.resends, fast_resends=self.fast_resends,
+                    spurious_resends=self.spurious_resends,
                     redundant_bytes=self.redundant_bytes, messages=messages)
 
 

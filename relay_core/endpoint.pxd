@@ -96,6 +96,7 @@ cdef class Endpoint:
 
     # traffic of peers already closed, so that totals over all peers never go down
     cdef uint64_t closed_resends
+    cdef uint64_t closed_spurious_resends
     # Something may be due out now (see output_due); cleared by datagrams_to_send.
     cdef bint output_pending
     cdef uint64_t closed_redundant_bytes

@@ -678,15 +678,30 @@ cdef class Endpoint:
 
     def traffic_totals(self):
         """Totals over every peer this endpoint has had, the closed ones included (so they
-        only grow): ``resends`` and ``redundant_bytes``. One pass in C, for periodic metrics."""
+        only grow): ``resends``, ``spurious_resends`` and ``redundant_bytes``. One pass in C,
+        for periodic metrics."""
         cdef uint64_t resends = self.closed_resends, redundant = self.closed_redundant_bytes
+        cdef uint64_t spurious = self.closed_spurious_resends
         cdef Peer peer
         cdef SendChannel channel
         for peer in self.peers.values():
             for channel in peer.send_channels:
                 resends += channel.resends
+                spurious += channel.spurious_resends
                 redundant += channel.redundant_bytes
-        return {"resends": resends, "redundant_bytes": redundant}
+        return {"resends": resends, "spurious_resends": spurious, "redundant_bytes": redundant}
+
+    def redundancy_counts(self):
+        """Connected peers in bad mode, and those whose redundant channels write copies now
+        (PeerStats.bad_mode, .copying), for periodic metrics."""
+        cdef Py_ssize_t bad = 0, copying = 0
+        cdef Peer peer
+        for peer in self.peers.values():
+            if peer.state != STATE_CONNECTED:
+                continue
+            bad += peer.bad_mode
+            copying += peer.copies_on()
+        return {"bad_mode": bad, "copying": copying}
 
     def link_samples(self):
         """(smoothed RTTs of the connected peers that have a sample, mean loss estimate over
@@ -1331,6 +1346,7 @@ cdef class Endpoint:
         if self.peers.pop(peer.peer_id, None) is not None:
             for channel in peer.send_channels:
                 self.closed_resends += channel.resends
+                self.closed_spurious_resends += channel.spurious_resends
                 self.closed_redundant_bytes += channel.redundant_bytes
         if self.peers_by_address.pop(peer.address, None) is not None:
             self._know(peer.address, 0, -1)

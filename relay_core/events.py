@@ -80,6 +80,9 @@ class PeerStats:
     """Estimated fraction of our packets the peer never acknowledged (EWMA)."""
     bad_mode: bool
     """True while the RTT says the link is congested and redundancy is cut back."""
+    copying: bool
+    """True while `redundant` channels write copies: always under the `always` policy, after a
+    recent loss under `adaptive`."""
     packets_sent: int
     packets_received: int
     bytes_sent: int
@@ -90,6 +93,10 @@ class PeerStats:
     messages_received: int
     resends: int
     """RTO expiries across all reliable messages."""
+    spurious_resends: int
+    """Resends that were not needed: the acknowledged datagram was sent before them (the message
+    was only late, or its ack was lost). All of a message's resends when its first send got
+    through; else its last one (a lower bound)."""
     redundant_bytes: int
     """Bytes of piggybacked copies of already-sent messages."""
     duplicate_messages: int

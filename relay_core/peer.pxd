@@ -174,6 +174,11 @@ cdef class Peer:
     cdef void keep_unacked_units(self) noexcept
     cdef int _check_channel(self, int channel) except -1
 
+    cdef inline bint copies_on(self) noexcept:
+        """Whether redundant channels write copies now: always under the "always" policy,
+        under "adaptive" until loss_memory packets in a row were judged received."""
+        return not self.adaptive or self.packets_since_loss < self.loss_memory
+
     cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""
         cdef SentPacket* packet = &self.sent[seq & (self.sent_size - 1)]

@@ -511,7 +511,7 @@ cdef class Peer:
             return
         for u in range(start, start + packet.unit_count):
             unit = &units.ring[u & (units.capacity - 1)]
-            (<SendChannel>self.send_channels[unit.channel]).on_ack(unit.msg_id, unit.fragment)
+            (<SendChannel>self.send_channels[unit.channel]).on_ack(unit.msg_id, unit.fragment, packet.time)
 
     cdef void detect_gaps(self, uint16_t newest, double now):
         """The peer holds ``newest``: judge every older packet of ours sent more than the
@@ -617,7 +617,7 @@ cdef class Peer:
         cdef Py_ssize_t budget = self.bad_redundancy_budget if self.bad_mode else self.redundancy_budget
         # adaptive: copies only while the peer has lost one of our packets recently, and a
         # bounded number per message; always: every unacked message, every datagram.
-        cdef bint copies = not self.adaptive or self.packets_since_loss < self.loss_memory
+        cdef bint copies = self.copies_on()
         cdef int max_copies = self.redundancy_copies if self.adaptive else 0
         # When the ack of a send that arrived is due back: SRTT excludes the peer's ack hold.
         cdef double late_copy = (self.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
@@ -806,10 +806,11 @@ cdef class Peer:
     def stats_fields(self):
         cdef SendChannel channel
         cdef ReceiveChannel receiver
-        messages_sent = resends = redundant = queued = duplicates = 0
+        messages_sent = resends = spurious = redundant = queued = duplicates = 0
         for channel in self.send_channels:
             messages_sent += channel.messages_sent
             resends += channel.resends
+            spurious += channel.spurious_resends
             redundant += channel.redundant_bytes
             queued += channel.queued()
         for receiver in self.recv_channels:
@@ -820,7 +821,8 @@ cdef class Peer:
             packets_received=self.packets_received, bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received, packets_acked=self.packets_acked,
             packets_lost=self.packets_lost, messages_sent=messages_sent,
-            messages_received=self.messages_received, resends=resends, redundant_bytes=redundant,
+            messages_received=self.messages_received, resends=resends, spurious_resends=spurious,
+            redundant_bytes=redundant, copying=self.copies_on(),
             duplicate_messages=duplicates, block_slices_sent=self.block_out.slices_sent,
             block_slices_resent=self.block_out.slices_resent, queued_messages=queued,
         )

@@ -28,6 +28,14 @@ from relay.transport import (
     BATCHED_IO, BatchedEndpointDriver, EndpointDriver, open_batched_driver, open_driver,
 )
 
+def link_info(stats) -> dict:
+    """A peer's link for the admin API: what a player's lag is made of."""
+    return {"rtt_ms": round(stats.rtt * 1000.0, 1), "loss": round(stats.loss, 4),
+            "bad_mode": stats.bad_mode, "copying": stats.copying,
+            "resends": stats.resends, "spurious_resends": stats.spurious_resends,
+            "redundant_bytes": stats.redundant_bytes, "bytes_sent": stats.bytes_sent}
+
+
 READ_INTERVAL = 0.001
 """Seconds between reads of a busy UDP socket: one wake-up per millisecond under load instead of
 one per few datagrams. An input waits at most this long (the tick reads first: no frame misses
@@ -387,6 +395,8 @@ class RelayServer:
         # (datagrams are counted at the socket). A PeerStats per peer every second cost a
         # tick's worth of time at a few thousand players.
         metrics.sync_totals(**self.endpoint.traffic_totals())
+        for state, count in self.endpoint.redundancy_counts().items():
+            metrics.redundancy_peers.labels(state=state).set(count)
         rtts, loss = self.endpoint.link_samples()
         metrics.loss.set(loss)
         # At most RTT_SAMPLES_PER_SYNC observations per pass, taking turns over the peers.
@@ -413,7 +423,13 @@ class RelayServer:
         return [room.info() for room in self.rooms.values()]
 
     def room_info(self, room_id: str) -> dict:
-        return self.lobby.get_room(room_id).info()
+        """The room, and for each connected player its link as the relay sees it."""
+        room = self.lobby.get_room(room_id)
+        info = room.info()
+        for slot, player in zip(room.slots, info["players"]):
+            if slot.peer_id is not None and self.endpoint.is_connected(slot.peer_id):
+                player["link"] = link_info(self.endpoint.peer_stats(slot.peer_id))
+        return info
 
     def create_room(self, room_id: str, allocated: bool = False, **options) -> dict:
         """A new waiting room. ``allocated``: a GameServerAllocation already took this room's

@@ -14,7 +14,9 @@ Routes::
     POST   /rooms                 {"room": id, "capacity"?, "start_policy"?, "start_players"?,
                                    "tick_rate"?, "allocated"?} -> 201 room ("allocated": true:
                                    an Agones allocation already took the room's Counter slot)
-    GET    /rooms/{room}          -> 200 room
+    GET    /rooms/{room}          -> 200 room, each connected player with its "link": rtt_ms,
+                                   loss, bad_mode, copying, resends, spurious_resends,
+                                   redundant_bytes, bytes_sent (what its lag is made of)
     DELETE /rooms/{room}          optional {"reason": text} -> 200 (ends the room)
     POST   /rooms/{room}/start    -> 200
     POST   /rooms/{room}/kick     {"player": name} -> 200

@@ -85,6 +85,12 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
      "Reliable messages resent after their retransmission timeout.", (), (), {}),
     ("redundant_bytes", Counter, "relay_redundant_bytes_total",
      "Bytes of piggybacked copies of already-sent messages.", (), (), {}),
+    ("spurious_resends", Counter, "relay_spurious_resends_total",
+     "Resends that were not needed: the message (or its ack) was only late; a lower bound.",
+     (), (), {}),
+    ("redundancy_peers", Gauge, "relay_peers_redundancy",
+     "Connected peers whose redundant channels write copies now (copying), and those in bad "
+     "mode (an RTT above bad_mode_rtt cuts the copy budget).", ("state",), ("copying", "bad_mode"), {}),
     ("rtt", Histogram, "relay_peer_rtt_seconds",
      "Smoothed round-trip time of each peer, sampled periodically.", (), (),
      {"buckets": RTT_BUCKETS}),
@@ -142,13 +148,13 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
 
 # sync_totals keyword -> counter attribute (the same names), and PeerStats field -> keyword.
 TOTALS = ("datagrams_received", "datagrams_sent", "bytes_received", "bytes_sent", "resends",
-          "redundant_bytes")
+          "spurious_resends", "redundant_bytes")
 PEER_STATS_FIELDS = {
     "datagrams_received": "packets_received", "datagrams_sent": "packets_sent",
     "bytes_received": "bytes_received", "bytes_sent": "bytes_sent",
-    "resends": "resends", "redundant_bytes": "redundant_bytes",
+    "resends": "resends", "spurious_resends": "spurious_resends", "redundant_bytes": "redundant_bytes",
 }
-PEER_TOTALS = ("resends", "redundant_bytes")
+PEER_TOTALS = ("resends", "spurious_resends", "redundant_bytes")
 """What ``sync_peers`` mirrors by default (see there)."""
 
 
@@ -169,6 +175,8 @@ class Metrics:
     bytes_sent: Counter
     resends: Counter
     redundant_bytes: Counter
+    spurious_resends: Counter
+    redundancy_peers: Gauge
     rtt: Histogram
     receive_memory: Gauge
     loss: Gauge
@@ -330,7 +338,7 @@ class Metrics:
         sampling period: the cumulative ``totals`` per peer (peers missing from ``stats`` are
         forgotten), one RTT observation per peer that has a sample, and the mean loss estimate.
 
-        By default only ``resends`` and ``redundant_bytes`` are mirrored: datagrams and bytes
+        By default only ``resends``, ``spurious_resends`` and ``redundant_bytes`` are mirrored: datagrams and bytes
         are best counted at the socket, which also sees handshakes and dropped datagrams that
         no peer's stats include. Pass ``totals=TOTALS`` to mirror those from the peers instead
         (never both). A peer's traffic between its last sample and its disconnect is not seen.

@@ -351,7 +351,7 @@ def test_render_content_type_and_names():
     assert relay_exposed == set(Metrics.sample_names())
     for name in Metrics.names():
         assert name in exposed or name + "_bucket" in exposed
-    assert len(Metrics.names()) == len(set(Metrics.names())) == 35
+    assert len(Metrics.names()) == len(set(Metrics.names())) == 37
     assert {"process_start_time_seconds", "python_info"} <= exposed
     assert all(name.startswith("relay_") for name in Metrics.names())
     families = text_string_to_metric_families(body.decode())

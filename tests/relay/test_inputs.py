@@ -231,12 +231,15 @@ def test_traffic_totals_keep_the_traffic_of_closed_peers():
     pair.run(0.5)
     totals = pair.server.traffic_totals()
     stats = pair.server.peer_stats(pair.server_peer)
-    assert totals == {"resends": stats.resends, "redundant_bytes": stats.redundant_bytes}
+    assert totals == {"resends": stats.resends, "spurious_resends": stats.spurious_resends,
+                      "redundant_bytes": stats.redundant_bytes}
     rtts, loss = pair.server.link_samples()
     assert rtts == [stats.rtt] and loss == stats.loss
+    assert pair.server.redundancy_counts() == {"bad_mode": int(stats.bad_mode), "copying": int(stats.copying)}
     pair.server.disconnect(pair.server_peer)
     assert pair.server.traffic_totals() == totals
     assert pair.server.link_samples() == ([], 0.0)
+    assert pair.server.redundancy_counts() == {"bad_mode": 0, "copying": 0}
 
 
 # -- flushing only when output is due ------------------------------------------------------------
