@@ -1,10 +1,10 @@
 """Deterministic link model: what a path does to each datagram, without sockets or clocks.
 
 ``LossyLink`` is one direction of a path. Per datagram, in this order: loss (a time-correlated
-loss episode, Gilbert-Elliott burst, then independent), a rate-limited bottleneck with a bounded drop-tail queue, delay +
-uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its own
-jitter. The caller passes the time in and pulls the datagrams that have arrived, so the same
-model runs in simulated time (``LinkedPair``, benchmarks) and behind real sockets
+loss episode, Gilbert-Elliott burst, then independent), a rate-limited bottleneck with a
+bounded drop-tail queue, delay + uniform jitter, an extra hold-back for reordering, and possibly
+a duplicate copy with its own jitter. The caller passes the time in and pulls the datagrams that
+have arrived, so the same model runs in simulated time (``LinkedPair``, benchmarks) and behind real sockets
 (``relay.tools.netem``, which only adds timers and sockets around it).
 
 Units, everywhere in this module: times in seconds, probabilities as fractions 0..1, sizes in

@@ -9,9 +9,9 @@ relays both directions, impairing each direction with its own ``LinkSettings``:
 What happens to each datagram is decided by the link model of ``relay_core.simlink`` (one
 ``LossyLink`` per direction, each client with its own rate-limited ``Bottleneck``): loss
 (time-correlated loss episodes, Gilbert-Elliott burst, then independent), the per-client rate
-limiter with its bounded queue, delay + uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its
-own jitter. This module only adds the sockets, the timers and the command line. Each direction
-has its own seeded model, so for the same seed and the same sequence of datagrams the decisions
+limiter with its bounded queue, delay + uniform jitter, an extra hold-back for reordering, and
+possibly a duplicate copy with its own jitter. This module only adds the sockets, the timers
+and the command line. Each direction has its own seeded model, so for the same seed and the same sequence of datagrams the decisions
 repeat.
 
 ``LinkSettings`` are in the command line's units (ms, percent, kbit/s); ``LinkSettings.profile()``
