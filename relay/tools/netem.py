@@ -11,8 +11,8 @@ What happens to each datagram is decided by the link model of ``relay_core.simli
 (time-correlated loss episodes, Gilbert-Elliott burst, then independent), the per-client rate
 limiter with its bounded queue, delay + uniform jitter, an extra hold-back for reordering, and
 possibly a duplicate copy with its own jitter. This module only adds the sockets, the timers
-and the command line. Each direction has its own seeded model, so for the same seed and the same sequence of datagrams the decisions
-repeat.
+and the command line. Each direction has its own seeded model, so for the same seed and the
+same sequence of datagrams the decisions repeat.
 
 ``LinkSettings`` are in the command line's units (ms, percent, kbit/s); ``LinkSettings.profile()``
 converts them to the model's (seconds, fractions, bit/s), in that one place.
