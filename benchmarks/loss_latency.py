@@ -806,29 +806,82 @@ class Scenario:
     quick_count: int = QUICK_COUNT
 
 
-_HIGH = {"delay": LINKS["high"].delay_ms, "jitter": LINKS["high"].jitter_ms}
+_HIGH = {"delay": 10.0, "jitter": 20.0}   # the issue's "10-30 ms one way" link: 10 + U(0, 20) ms
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("uniform", "the high link (30 + U(0, 20) ms one way), 10 % independent loss each way",
-             LinkSettings(loss=SCENARIO_LOSS, **_HIGH), seeds=3),
-    Scenario("bursts", "the high link, Gilbert-Elliott bursts per datagram: mean burst 3 "
+    Scenario("uniform", "10 + U(0, 20) ms one way, 10 % independent loss each way",
+             LinkSettings(loss=SCENARIO_LOSS, **_HIGH), seeds=2),
+    Scenario("bursts", "10 + U(0, 20) ms one way, Gilbert-Elliott bursts per datagram: mean burst 3 "
              "datagrams, 10 % average loss each way (burst_exit 1/3, burst_enter 1/27)",
-             burst_settings(SCENARIO_LOSS, BURST_MEAN_DATAGRAMS, **_HIGH), seeds=6),
-    Scenario("episodes", "the high link, loss episodes: down (every datagram lost, both "
+             burst_settings(SCENARIO_LOSS, BURST_MEAN_DATAGRAMS, **_HIGH), seeds=8),
+    Scenario("episodes", "10 + U(0, 20) ms one way, loss episodes: down (every datagram lost, both "
              "directions together) for exponential periods of mean 100 ms, 10 % of the time",
-             LinkSettings(episode_ms=100.0, episode_share=SCENARIO_LOSS, **_HIGH), seeds=6),
+             LinkSettings(episode_ms=100.0, episode_share=SCENARIO_LOSS, **_HIGH), seeds=8),
     Scenario("long_path", "160 + U(0, 20) ms one way (170 +- 10), 10 % independent loss each way, "
              "300-byte messages", LinkSettings(loss=SCENARIO_LOSS, delay=160.0, jitter=20.0),
-             seeds=3, size=300),
+             seeds=2, size=300),
     Scenario("rtt_jump", "20 ms one way, no loss; 200 ms one way during the middle third of the "
              "run (round trip 40 -> 400 -> 40 ms); a baseline run without the jump",
              LinkSettings(delay=20.0), seeds=1,
              phases=((0.0, "before", None), (1 / 3, "during", LinkSettings(delay=200.0)),
                      (2 / 3, "after", LinkSettings(delay=20.0))),
              baseline=True, quick_count=150),
-    Scenario("congested", "the high link, 5 % independent loss, and a 64 kbit/s bottleneck "
+    Scenario("congested", "10 + U(0, 20) ms one way, 5 % independent loss, and a 64 kbit/s bottleneck "
              "each way (IP/UDP headers counted) with a 10-datagram drop-tail queue",
              LinkSettings(loss=5.0, rate=64.0, queue_limit=10, **_HIGH), seeds=2),
 )}
+
+
+def simulate_ideal(settings: LinkSettings, count: int, seed: int,
+                   interval: float = DEFAULT_INTERVAL_MS / 1000.0) -> list[Optional[float]]:
+    """The issue's ideal protocol on the link model alone, in simulated time: the client sends
+    one datagram per message, the server answers every datagram the moment it arrives, every
+    datagram carries everything not yet delivered. Returns each message's round trip in ms
+    (``redundancy_limit`` over the simulated trace). No sockets: thousands of seeds in seconds,
+    to check the limit of real runs and how many messages a stable p99 needs."""
+    from relay_core.simlink import LossyLink
+
+    def trace(link: LossyLink, times: Sequence[float]) -> list[Datagram]:
+        for k, t in enumerate(times):
+            link.send(k.to_bytes(4, "big"), t)
+        link.discard_in_flight()
+        # The model records a delay for each survivor, in offer order.
+        delays = iter(link.counters.delays)
+        return [Datagram(t, True, None) if dropped else Datagram(t, False, t + next(delays)[1])
+                for t, dropped in zip(times, link.counters.drop_decisions)]
+
+    up = LossyLink(settings.profile(), f"ideal/{seed}/up", episode_seed=f"ideal/{seed}/ep")
+    down = LossyLink(settings.profile(), f"ideal/{seed}/down", episode_seed=f"ideal/{seed}/ep")
+    up.episodes.origin = down.episodes.origin = 0.0
+    times = [k * interval for k in range(count)]
+    up_fates = trace(up, times)
+    answers = sorted(d.arrived for d in up_fates if d.arrived is not None)
+    down_fates = trace(down, answers)
+    return [None if v is None else v * 1000.0
+            for v in redundancy_limit(times, up_fates, down_fates)]
+
+
+def ideal_stability(seeds: int = 60, count: int = DEFAULT_COUNT,
+                    groups: Sequence[int] = (1, 2, 8)) -> list[str]:
+    """How much the ideal protocol's p99 moves between seeds, per scenario with loss: the spread
+    of the p99 of one run and of pools of ``groups`` runs (disjoint seed groups), and the p99
+    over all ``seeds`` runs. What the scenarios' default --seeds were chosen from."""
+    lines = [f"ideal protocol, {seeds} seeds x {count} messages, p99 ms: min-max (sd) over "
+             "disjoint groups of pooled runs"]
+    for scenario in SCENARIOS.values():
+        if scenario.phases or scenario.settings.rate:
+            continue
+        runs = [[v for v in simulate_ideal(scenario.settings, count, seed) if v is not None]
+                for seed in range(seeds)]
+        cells = []
+        for group in groups:
+            p99s = [percentile([v for r in runs[i:i + group] for v in r], 99)
+                    for i in range(0, seeds - group + 1, group)]
+            mean = sum(p99s) / len(p99s)
+            sd = math.sqrt(sum((v - mean) ** 2 for v in p99s) / len(p99s))
+            cells.append(f"x{group}: {min(p99s):.0f}-{max(p99s):.0f} ({sd:.0f})")
+        overall = percentile([v for r in runs for v in r], 99)
+        lines.append(f"  {scenario.name:<10} " + ", ".join(cells) + f"; all: {overall:.0f}")
+    return lines
 
 
 def episode_recoveries(episodes: Sequence[Sequence[float]], send_times: Sequence[Optional[float]],
@@ -1237,6 +1290,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"scenarios: CI size, one seed of {QUICK_COUNT} messages "
                              f"(rtt_jump {SCENARIOS['rtt_jump'].quick_count}), --drain "
                              f"{QUICK_DRAIN:g}")
+    parser.add_argument("--ideal-stability", action="store_true",
+                        help="only simulate the ideal protocol on each scenario's link model "
+                             "(no sockets, seconds) and print how its p99 varies between seeds")
     parser.add_argument("--count", type=_positive_int, default=None,
                         help=f"messages per run (default {DEFAULT_COUNT})")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_MS, metavar="MS",
@@ -1365,6 +1421,10 @@ async def _main(args: argparse.Namespace, protocols: list[str], links: list[Link
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark for flags parsed with ``add_arguments``; returns the exit status."""
+    if getattr(args, "ideal_stability", False):
+        for line in ideal_stability():
+            print(line)
+        return 0
     scenarios = list(dict.fromkeys(getattr(args, "scenarios", None) or ()))
     if "all" in scenarios:
         scenarios = list(SCENARIOS)
