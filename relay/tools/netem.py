@@ -840,7 +840,11 @@ def _print_stats(emulator: Netem, final: bool) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    up, down = settings_from_args(args)
+    try:
+        up, down = settings_from_args(args)
+    except ValueError as exc:   # a combination one flag cannot check (--episode-share alone)
+        print(f"relay netem: error: {exc}", file=sys.stderr)
+        return 2
     emulator = Netem(listen=args.listen, upstream=args.upstream, up=up, down=down, seed=args.seed,
                      idle_timeout=args.idle_timeout, max_clients=args.max_clients)
     try:
