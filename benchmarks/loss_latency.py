@@ -754,7 +754,8 @@ def print_point(results: Sequence[dict]) -> None:
         if r["errors"] or r["order_errors"] or r["corrupt"] or r["duplicates"]:
             problems = f"  PROBLEM: {r['errors']} order={r['order_errors']} " \
                        f"corrupt={r['corrupt']} dup={r['duplicates']}"
-        print(f"  {r['link']:>4} {r['loss']:>4g}% {r['label']:<24} "
+        where = f"{r['scenario']:>9}" if "scenario" in r else f"{r['link']:>4} {r['loss']:>4g}%"
+        print(f"  {where} {r['label']:<24} "
               f"{r['delivered']:>4}/{r['count']:<4} mean {_fmt(s['mean']):>6} "
               f"p50 {_fmt(s['p50']):>6} p95 {_fmt(s['p95']):>6} p99 {_fmt(s['p99']):>7} "
               f"max {_fmt(s['max']):>7}  wire x{_fmt(w.get('ratio') if w else None, 2)}"
