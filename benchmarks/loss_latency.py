@@ -244,6 +244,29 @@ class Phase:
     down: Optional[LinkSettings] = None
 
 
+SAMPLE_SECONDS = 0.25
+PEAK_SPAN_SECONDS = 1.0
+
+
+def peak_rates(samples: Sequence[tuple[float, int, int]]) -> dict[str, Optional[float]]:
+    """The highest datagram rate of the client (up) and the server (down) over any span of
+    PEAK_SPAN_SECONDS between (time, up count, down count) samples; None if the samples do not
+    cover one span. A brief burst of retransmissions shows here, diluted in a window's mean."""
+    best: dict[str, Optional[float]] = {"client": None, "server": None}
+    j = 0
+    for i in range(len(samples)):
+        while j < len(samples) and samples[j][0] - samples[i][0] < PEAK_SPAN_SECONDS - 1e-3:
+            j += 1
+        if j == len(samples):
+            break
+        span = samples[j][0] - samples[i][0]
+        for key, index in (("client", 1), ("server", 2)):
+            rate = (samples[j][index] - samples[i][index]) / span
+            current = best[key]
+            best[key] = rate if current is None else max(current, rate)
+    return best
+
+
 async def run_protocol(protocol: str, link: Link, loss: float, options: RunOptions,
                        settings: Optional[LinkSettings] = None,
                        phases: Sequence[Phase] = ()) -> dict[str, Any]:
@@ -293,7 +316,28 @@ async def run_protocol(protocol: str, link: Link, loss: float, options: RunOptio
         marks.append((name, loop.time(), counters["up"]["datagrams_in"],
                       counters["down"]["datagrams_in"]))
 
+    samples: list[tuple[float, int, int]] = []     # every SAMPLE_SECONDS while phases run
+
+    async def sample_rates(start: float) -> None:
+        assert netem is not None
+        tick = 0
+        while True:
+            await asyncio.sleep(max(0.0, start + tick * SAMPLE_SECONDS - loop.time()))
+            counters = netem.stats()
+            samples.append((loop.time(), counters["up"]["datagrams_in"],
+                            counters["down"]["datagrams_in"]))
+            tick += 1
+
     async def run_phases(start: float) -> None:
+        assert netem is not None
+        sampler = asyncio.create_task(sample_rates(start))
+        try:
+            await _apply_phases(start)
+            await asyncio.Future()      # keep sampling until cancelled after the last send
+        finally:
+            sampler.cancel()
+
+    async def _apply_phases(start: float) -> None:
         assert netem is not None
         for phase in phases:
             await asyncio.sleep(max(0.0, start + phase.at - loop.time()))
@@ -413,7 +457,8 @@ async def run_protocol(protocol: str, link: Link, loss: float, options: RunOptio
     if marks:
         result["windows"] = [
             {"phase": a[0], "until": b[0], "seconds": b[1] - a[1],
-             "datagrams_up": b[2] - a[2], "datagrams_down": b[3] - a[3]}
+             "datagrams_up": b[2] - a[2], "datagrams_down": b[3] - a[3],
+             "peak_per_s": peak_rates([x for x in samples if a[1] <= x[0] <= b[1]])}
             for a, b in zip(marks, marks[1:])]
     if settings.rate > 0:
         result["_delays"] = link_delays     # raw, for pooling over seeds; not written out
@@ -948,7 +993,12 @@ def window_rates(results: Sequence[dict]) -> dict[str, dict[str, float]]:
     for r in results:
         for w in r.get("windows", ()):
             t = totals.setdefault(w["phase"], {"seconds": 0.0, "datagrams_up": 0,
-                                               "datagrams_down": 0})
+                                               "datagrams_down": 0, "client_peak_per_s": None,
+                                               "server_peak_per_s": None})
+            for side in ("client", "server"):
+                peak = w.get("peak_per_s", {}).get(side)
+                if peak is not None:
+                    t[f"{side}_peak_per_s"] = max(peak, t[f"{side}_peak_per_s"] or 0.0)
             t["seconds"] += w["seconds"]
             t["datagrams_up"] += w["datagrams_up"]
             t["datagrams_down"] += w["datagrams_down"]
@@ -1146,8 +1196,9 @@ def scenario_lines(result: dict[str, Any]) -> list[str]:
                      "during its window:")
         lines.append("")
         lines.append("| protocol | before | during | after | baseline during | extra during "
-                     "the jump |")
-        lines.append("|---|---:|---:|---:|---:|---:|")
+                     "the jump | server's peak 1 s rate: before / during / after (baseline "
+                     "during) |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
         for protocol, figures in result["rates"].items():
             def rate(w: Optional[dict]) -> str:
                 return "—" if not w else f"{w['client_per_s']:.1f} / {w['server_per_s']:.1f}"
@@ -1155,9 +1206,13 @@ def scenario_lines(result: dict[str, Any]) -> list[str]:
             share = figures.get("extra_share")
             extra = "—" if share is None else \
                 f"{figures['extra_datagrams']:+d} ({share:+.1%}; server {figures['extra_server_datagrams']:+d})"
+            def peak(w: Optional[dict]) -> str:
+                return _fmt(w.get("server_peak_per_s") if w else None, 0)
+            peaks = " / ".join(peak(j.get(k)) for k in ("before", "during", "after"))
             lines.append(f"| {adapters.LABELS[protocol]} | {rate(j.get('before'))} | "
                          f"{rate(j.get('during'))} | {rate(j.get('after'))} | "
-                         f"{rate(b.get('during'))} | {extra} |")
+                         f"{rate(b.get('during'))} | {extra} | {peaks} "
+                         f"({peak(b.get('during'))}) |")
         lines.append("")
     lines.append("Targets (issue #23, for ours redundant; informational):")
     lines.append("")

@@ -20,7 +20,7 @@ import pytest
 from benchmarks import adapters
 from benchmarks.loss_latency import (
     SCENARIOS, Datagram, LinkSettings, burst_settings, datagram_fates, episode_recoveries,
-    evaluate_targets, jump_figures, percentile, redundancy_limit, scenario_targets,
+    evaluate_targets, jump_figures, peak_rates, percentile, redundancy_limit, scenario_targets,
     simulate_ideal, summarize,
 )
 
@@ -195,6 +195,13 @@ def test_jump_figures_count_what_the_jump_added():
     assert figures["extra_share"] == pytest.approx(70 / 660)
     targets = scenario_targets("rtt_jump", {}, {"ours-redundant": figures})
     assert targets[0]["status"] == "FAIL"       # +10.6 % > 5 %
+
+
+def test_peak_rates_find_the_busiest_second():
+    # every 0.25 s: the client sends 10 datagrams per sample, the server 8, plus 20 at once at 1.5 s
+    samples = [(0.25 * i, 10 * i, 8 * i + (20 if i >= 6 else 0)) for i in range(12)]
+    assert peak_rates(samples) == {"client": pytest.approx(40.0), "server": pytest.approx(52.0)}
+    assert peak_rates(samples[:3]) == {"client": None, "server": None}   # under a second
 
 
 def test_scenario_targets_compare_with_kcp_fast_and_the_limit():
