@@ -19,6 +19,15 @@ The experiment of the reference thesis (section 6), on loopback through relay.to
   redundancy limit computed from the emulator's drop decisions in our redundant run; the
   targets printed PASS/FAIL.
 
+``--scenario NAME`` (or ``all``) runs instead the named scenarios of issue #23 (``SCENARIOS``):
+uniform loss, per-datagram Gilbert-Elliott bursts, time-correlated loss episodes, a long path,
+an RTT jump and a congested bottleneck, on the issue's 10-30 ms link unless said otherwise, every
+protocol but KCP normal side by side, pooled over ``--seeds`` (defaults per scenario, chosen with
+``--ideal-stability``); each with the loss-trace limit of its own runs, its own figures (episode
+recovery, datagram rates per window, time in the bottleneck) and the issue's targets as
+informational PASS/FAIL lines. ``--quick`` is the CI size. Writes ``loss_scenarios.json`` and
+``loss_scenarios.md``.
+
 Writes ``loss_latency.json``, ``loss_latency.md`` and (with matplotlib) ``loss_latency_p99.png``,
 ``loss_latency_wire.png``, ``loss_latency_trace.png`` into ``--out`` (default
 benchmarks/results/). Method and results: docs/BENCHMARKS.md, "Latency under loss".
@@ -28,6 +37,8 @@ Exit status: 0 when every protocol delivered every message intact and in order; 
 The latency targets are reported, never turned into the exit status.
 
 Run:  python3 benchmarks/loss_latency.py                      # full matrix (~10 minutes)
+      python3 benchmarks/loss_latency.py --scenario all       # the scenarios (~13 minutes)
+      python3 benchmarks/loss_latency.py --scenario bursts --quick
       python3 benchmarks/loss_latency.py --count 50 --loss 5 --link high
 """
 from __future__ import annotations
