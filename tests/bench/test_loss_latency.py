@@ -1,5 +1,7 @@
 """benchmarks/loss_latency.py and benchmarks/adapters: the statistics, the redundancy-limit model,
-every protocol adapter on a clean loopback echo, and a short end-to-end run of the benchmark.
+every protocol adapter on a clean loopback echo, a short end-to-end run of the benchmark, the
+scenarios' parts (burst parameters, the ideal protocol, episode recovery, rates per window,
+targets) and a --quick run of every scenario.
 
 Nothing here compares latencies to a threshold (timing on a shared machine is not a test
 signal): the smoke run checks that the benchmark completes, writes its files and that every
