@@ -1,10 +1,10 @@
 """Deterministic link model: what a path does to each datagram, without sockets or clocks.
 
-``LossyLink`` is one direction of a path. Per datagram, in this order: loss (Gilbert-Elliott
-burst, then independent), a rate-limited bottleneck with a bounded drop-tail queue, delay +
-uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its own
-jitter. The caller passes the time in and pulls the datagrams that have arrived, so the same
-model runs in simulated time (``LinkedPair``, benchmarks) and behind real sockets
+``LossyLink`` is one direction of a path. Per datagram, in this order: loss (a time-correlated
+loss episode, Gilbert-Elliott burst, then independent), a rate-limited bottleneck with a
+bounded drop-tail queue, delay + uniform jitter, an extra hold-back for reordering, and possibly
+a duplicate copy with its own jitter. The caller passes the time in and pulls the datagrams that
+have arrived, so the same model runs in simulated time (``LinkedPair``, benchmarks) and behind real sockets
 (``relay.tools.netem``, which only adds timers and sockets around it).
 
 Units, everywhere in this module: times in seconds, probabilities as fractions 0..1, sizes in
@@ -13,7 +13,8 @@ bytes, rates in bits per second (IP/UDP headers counted, ``IP_UDP_OVERHEAD_BYTES
 Every datagram offered consumes the same seven draws from the link's seeded ``random.Random``,
 whatever the profile: so for a seed the i-th datagram's loss draw is fixed, the loss pattern
 does not shift when delay, jitter, reordering or duplication change, and raising ``loss`` only
-adds drops to those of a lower rate.
+adds drops to those of a lower rate. Loss episodes (``LossEpisodes``) run on their own seeded
+generator and on time, not on datagrams, so they do not shift the per-datagram draws either.
 
 ``LinkedPair`` joins a server and a client endpoint with two links and a simulated clock, so
 tests and benchmarks can run thousands of exchanges at any simulated speed and get the same
@@ -62,6 +63,66 @@ class LinkProfile:
     """Bottleneck bandwidth, bits per second, IP/UDP headers counted; 0 = unlimited."""
     queue_limit: int = 1000
     """Datagrams the bottleneck holds (including the one being sent); more are dropped."""
+    episode_mean: float = 0.0
+    """Loss episodes: mean duration of an episode, seconds (0 = off). During an episode the link
+    is down and every datagram is lost, however many are sent (fading, a handover)."""
+    episode_share: float = 0.0
+    """Loss episodes: long-run fraction of time the link is down, 0..1 (0 = off)."""
+
+
+class LossEpisodes:
+    """Time-correlated loss: an alternating renewal process of "down" and "up" periods, both
+    exponentially distributed, with mean down ``mean`` and mean up ``mean * (1 - share) / share``
+    so that the long-run down share is ``share``. It is a function of time only, from its own
+    seeded generator: two instances with the same seed, origin and parameters go down at the
+    same moments (netem uses that for both directions of a path).
+
+    The first period starts at ``origin`` (or the first query) in the down state with
+    probability ``share``: with exponential durations that is the stationary start, so there is
+    no warm-up. Queries must come in non-decreasing time. ``history`` keeps the down periods
+    generated so far as (start, end), up to ``history_limit``.
+    """
+
+    __slots__ = ("rng", "origin", "down", "until", "history", "history_limit", "_params")
+
+    def __init__(self, seed: Union[int, str], origin: Optional[float] = None,
+                 history_limit: Optional[int] = 100_000):
+        self.rng = random.Random(seed)
+        self.origin = origin
+        self.down = False
+        self.until: Optional[float] = None
+        self.history: list[tuple[float, float]] = []
+        self.history_limit = history_limit
+        self._params: Optional[tuple[float, float]] = None
+
+    def is_down(self, now: float, mean: float, share: float) -> bool:
+        if mean <= 0.0 or share <= 0.0:
+            self.until = None       # turned off: start afresh if turned on again
+            self._params = None
+            return False
+        if share >= 1.0:
+            return True
+        if self.until is None:
+            start = self.origin if self.origin is not None and self.origin <= now else now
+            self.down = self.rng.random() < share
+            self.until = start
+            self._params = (mean, share)
+            self._extend(start, mean, share)
+        elif self._params != (mean, share):
+            self._params = (mean, share)    # new parameters apply from the next period on
+        mean, share = self._params
+        while self.until is not None and self.until <= now:
+            self.down = not self.down
+            self._extend(self.until, mean, share)
+        return self.down
+
+    def _extend(self, start: float, mean: float, share: float) -> None:
+        """Draw the length of the period that starts at ``start`` in the current state."""
+        average = mean if self.down else mean * (1.0 - share) / share
+        self.until = start + self.rng.expovariate(1.0 / average)
+        if self.down and (self.history_limit is None
+                          or len(self.history) < self.history_limit):
+            self.history.append((start, self.until))
 
 
 @dataclass
@@ -70,7 +131,8 @@ class LinkCounters:
     """Datagrams offered to the link."""
     bytes_sent: int = 0
     dropped: int = 0
-    """dropped_loss + dropped_burst + dropped_queue."""
+    """dropped_loss + dropped_burst + dropped_queue + dropped_episode."""
+    dropped_episode: int = 0
     dropped_loss: int = 0
     dropped_burst: int = 0
     dropped_queue: int = 0
@@ -80,6 +142,10 @@ class LinkCounters:
     the link's ``decision_limit``)."""
     decisions_omitted: int = 0
     """Decisions past ``decision_limit``, not recorded."""
+    delays: list = field(default_factory=list)
+    """(queueing delay, one-way delay) in seconds per datagram that got through, in offer order,
+    recorded like ``drop_decisions``: the time in the bottleneck's queue and on the wire, then
+    delay, jitter and reordering hold-back (the duplicate's is not recorded)."""
 
 
 class Bottleneck:
@@ -115,13 +181,16 @@ class LossyLink:
     """
 
     def __init__(self, profile: LinkProfile, seed: Union[int, str],
-                 decision_limit: Optional[int] = None):
+                 decision_limit: Optional[int] = None,
+                 episode_seed: Union[int, str, None] = None):
         self.profile = profile
         self.rng = random.Random(seed)
         self.counters = LinkCounters()
         self.decision_limit = decision_limit
         self.bottleneck = Bottleneck()
         self.in_bad_state = False
+        # Their own generator: episodes do not consume the seven per-datagram draws.
+        self.episodes = LossEpisodes(f"{seed}/episodes" if episode_seed is None else episode_seed)
         self._in_flight: list[tuple[float, int, bytes, Any]] = []
         self._order = 0
 
@@ -146,6 +215,10 @@ class LossyLink:
                 self.in_bad_state = False
         elif state_draw < p.burst_enter:
             self.in_bad_state = True
+        if self.episodes.is_down(now, p.episode_mean, p.episode_share):
+            counters.dropped_episode += 1
+            self._decide(True)
+            return
         if self.in_bad_state and burst_draw < p.burst_loss:
             counters.dropped_burst += 1
             self._decide(True)
@@ -169,6 +242,9 @@ class LossyLink:
         due = arrives_at + p.jitter * jitter_draw
         if reorder_draw < p.reorder:
             due += p.reorder_delay
+        limit = self.decision_limit
+        if limit is None or len(counters.delays) < limit:
+            counters.delays.append((leaves_at - now, due - now))
         self._schedule(due, datagram, route)
         if duplicate_draw < p.duplicate:
             counters.duplicated += 1

@@ -8,11 +8,11 @@ relays both directions, impairing each direction with its own ``LinkSettings``:
 
 What happens to each datagram is decided by the link model of ``relay_core.simlink`` (one
 ``LossyLink`` per direction, each client with its own rate-limited ``Bottleneck``): loss
-(Gilbert-Elliott burst, then independent), the per-client rate limiter with its bounded queue,
-delay + uniform jitter, an extra hold-back for reordering, and possibly a duplicate copy with its
-own jitter. This module only adds the sockets, the timers and the command line. Each direction
-has its own seeded model, so for the same seed and the same sequence of datagrams the decisions
-repeat.
+(time-correlated loss episodes, Gilbert-Elliott burst, then independent), the per-client rate
+limiter with its bounded queue, delay + uniform jitter, an extra hold-back for reordering, and
+possibly a duplicate copy with its own jitter. This module only adds the sockets, the timers
+and the command line. Each direction has its own seeded model, so for the same seed and the
+same sequence of datagrams the decisions repeat.
 
 ``LinkSettings`` are in the command line's units (ms, percent, kbit/s); ``LinkSettings.profile()``
 converts them to the model's (seconds, fractions, bit/s), in that one place.
@@ -87,17 +87,24 @@ class LinkSettings:
     """Per-client bandwidth, kbit/s (1 kbit = 1000 bits, IP/UDP headers counted); 0 = unlimited."""
     queue_limit: int = 1000
     """Datagrams a client's rate limiter holds (including the one being sent); more are dropped."""
+    episode_ms: float = 0.0
+    """Loss episodes: mean duration, ms (exponential); every datagram is lost during one."""
+    episode_share: float = 0.0
+    """Loss episodes: percent of the time the link is down (0 = off). Both directions draw the
+    same episode times, so with equal settings they go down together."""
 
     def __post_init__(self) -> None:
-        for name in ("loss", "reorder", "duplicate"):
+        for name in ("loss", "reorder", "duplicate", "episode_share"):
             _check_range(name, getattr(self, name), 0.0, 100.0, "a percentage")
         for name in ("burst_enter", "burst_exit", "burst_loss"):
             _check_range(name, getattr(self, name), 0.0, 1.0, "a probability")
-        for name in ("delay", "jitter", "reorder_delay", "rate"):
+        for name in ("delay", "jitter", "reorder_delay", "rate", "episode_ms"):
             _check_range(name, getattr(self, name), 0.0, float("inf"), "a non-negative number")
         if isinstance(self.queue_limit, bool) or not isinstance(self.queue_limit, int) \
                 or self.queue_limit < 1:
             raise ValueError(f"LinkSettings.queue_limit={self.queue_limit!r}: an integer >= 1")
+        if self.episode_share > 0.0 and self.episode_ms <= 0.0:
+            raise ValueError("LinkSettings.episode_share needs episode_ms > 0 (the mean episode)")
 
     def profile(self) -> LinkProfile:
         """The same impairments in the link model's units."""
@@ -106,7 +113,8 @@ class LinkSettings:
             burst_loss=self.burst_loss, delay=self.delay / 1000.0, jitter=self.jitter / 1000.0,
             duplicate=self.duplicate / 100.0, reorder=self.reorder / 100.0,
             reorder_delay=self.reorder_delay / 1000.0, rate=self.rate * 1000.0,
-            queue_limit=self.queue_limit)
+            queue_limit=self.queue_limit, episode_mean=self.episode_ms / 1000.0,
+            episode_share=self.episode_share / 100.0)
 
 
 def _check_range(name: str, value: Any, low: float, high: float, what: str) -> None:
@@ -142,8 +150,10 @@ class _Link:
         self.settings = settings
         self.recording = record_decisions
         # A string seed is hashed deterministically (unlike a tuple), and differs per direction.
+        # Episodes are seeded without the direction: equal settings, equal down periods.
         self.model = LossyLink(settings.profile(), f"relay.netem/{seed}/{name}",
-                               decision_limit if record_decisions else 0)
+                               decision_limit if record_decisions else 0,
+                               episode_seed=f"relay.netem/{seed}/episodes")
         self.counters = _DeliveryCounters()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.send: Callable[[bytes, "_ClientMapping"], Optional[bool]] = lambda payload, to: False
@@ -221,6 +231,7 @@ class _Link:
             "dropped_loss": m.dropped_loss,
             "dropped_burst": m.dropped_burst,
             "dropped_queue": m.dropped_queue,
+            "dropped_episode": m.dropped_episode,
             "duplicated": m.duplicated,
             "delivered": c.delivered,
             "bytes_delivered": c.bytes_delivered,
@@ -383,6 +394,8 @@ class Netem:
         self._listen_transport, _ = await loop.create_datagram_endpoint(
             lambda: _ListenProtocol(self, listen_closed), sock=sock)
         self._started_at = time.monotonic()
+        # One time origin for both directions' episodes, so that they coincide.
+        self._up.model.episodes.origin = self._down.model.episodes.origin = self._started_at
         self._schedule_sweep()
 
     async def stop(self) -> None:
@@ -489,9 +502,22 @@ class Netem:
             raise RuntimeError("drop decisions are recorded only with record_decisions=True")
         return list(link.decisions)
 
+    def delays(self, direction: str) -> list[tuple[float, float]]:
+        """(queueing delay, one-way delay) in seconds of each datagram of ``direction`` that got
+        through, in arrival order at the emulator; recorded with ``record_decisions=True``."""
+        link = self._link(direction)
+        if not link.recording:
+            raise RuntimeError("delays are recorded only with record_decisions=True")
+        return list(link.model.counters.delays)
+
+    def episodes(self, direction: str) -> list[tuple[float, float]]:
+        """The loss episodes of ``direction`` drawn so far, (start, end) on time.monotonic()."""
+        return list(self._link(direction).model.episodes.history)
+
     def stats(self, include_decisions: bool = False) -> dict[str, Any]:
         """Counters as a JSON-ready dict: totals, then per direction ("up", "down")
-        datagrams_in, bytes_in, dropped (= dropped_loss + dropped_burst + dropped_queue),
+        datagrams_in, bytes_in, dropped (= dropped_loss + dropped_burst + dropped_queue +
+        dropped_episode),
         duplicated, delivered (copies included), bytes_delivered, in_flight, undeliverable (the
         mapping had closed), cancelled (pending at stop), and the settings in force."""
         if self._started_at is None:
@@ -667,6 +693,10 @@ _LINK_FLAGS: dict[str, tuple[str, str, str]] = {
              "per-client bandwidth, kbit/s, IP/UDP headers counted (0 = unlimited)"),
     "queue_limit": ("queue-limit", "count",
                     "datagrams a client's rate limiter queues before dropping"),
+    "episode_ms": ("episode-ms", "milliseconds",
+                   "loss episodes: mean duration, ms (exponential; every datagram is lost)"),
+    "episode_share": ("episode-share", "percent",
+                      "loss episodes: %% of the time the link is down (0 = off)"),
 }
 
 
@@ -810,7 +840,11 @@ def _print_stats(emulator: Netem, final: bool) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    up, down = settings_from_args(args)
+    try:
+        up, down = settings_from_args(args)
+    except ValueError as exc:   # a combination one flag cannot check (--episode-share alone)
+        print(f"relay netem: error: {exc}", file=sys.stderr)
+        return 2
     emulator = Netem(listen=args.listen, upstream=args.upstream, up=up, down=down, seed=args.seed,
                      idle_timeout=args.idle_timeout, max_clients=args.max_clients)
     try:
@@ -875,7 +909,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="relay netem",
         description="User-space UDP link emulator: relays clients <-> an upstream UDP server with "
-                    "seeded loss, burst loss, delay, jitter, reordering, duplication and rate "
+                    "seeded loss, burst loss, loss episodes, delay, jitter, reordering, duplication and rate "
                     "limits per direction. Prints stats as JSON lines on stdout.")
     add_arguments(parser)
     return run(parser.parse_args(argv))

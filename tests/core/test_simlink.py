@@ -184,3 +184,91 @@ def test_netem_settings_convert_to_the_model_units():
         loss=0.1, burst_enter=0.1, burst_exit=0.5, burst_loss=0.9, delay=0.02, jitter=0.005,
         reorder=0.02, reorder_delay=0.03, duplicate=0.01, rate=256_000, queue_limit=7)
     assert LinkSettings().profile() == LinkProfile()
+
+
+# --------------------------------------------------------------------------------------------
+# Loss episodes: time-correlated, independent of how many datagrams are sent
+
+
+def episode_decisions(spacing: float, seconds: float, seed="ep", mean=0.1, share=0.1):
+    link = LossyLink(LinkProfile(episode_mean=mean, episode_share=share), seed)
+    offer(link, int(seconds / spacing), spacing=spacing)
+    return link
+
+
+def test_episodes_cover_the_configured_share_with_the_configured_mean_duration():
+    link = episode_decisions(0.005, 2000.0)
+    episodes = [(s, e) for s, e in link.episodes.history if e <= 2000.0]
+    durations = [e - s for s, e in episodes]
+    # ~2000 episodes of mean 0.1 s: the mean's standard error is ~2.2 ms.
+    assert 1700 <= len(durations) <= 2300, len(durations)
+    assert 0.092 <= sum(durations) / len(durations) <= 0.108
+    assert 0.09 <= sum(durations) / 2000.0 <= 0.11
+    # Exponential: about e^-1 of them last longer than the mean.
+    longer = sum(d > 0.1 for d in durations) / len(durations)
+    assert 0.33 <= longer <= 0.41, longer
+    decisions = link.counters.drop_decisions
+    assert link.counters.dropped_episode == sum(decisions) == link.counters.dropped
+    assert 0.09 <= sum(decisions) / len(decisions) <= 0.11
+    # Every datagram inside an episode is lost, every one outside gets through.
+    for i in range(0, len(decisions), 997):
+        t = i * 0.005
+        inside = any(s <= t < e for s, e in episodes)
+        assert decisions[i] == inside, (i, t)
+
+
+def test_episodes_last_a_time_not_a_number_of_datagrams():
+    sparse = episode_decisions(0.030, 300.0, seed=5)
+    dense = episode_decisions(0.003, 300.0, seed=5)
+    # The same seed gives the same episodes whatever the send rate ...
+    assert sparse.episodes.history[:50] == dense.episodes.history[:50]
+    # ... so a sender 10x as fast loses ~10x as many datagrams per episode.
+    per_episode = [link.counters.dropped_episode / len(link.episodes.history)
+                   for link in (sparse, dense)]
+    assert 7 <= per_episode[1] / per_episode[0] <= 13, per_episode
+
+
+def test_episodes_are_deterministic_for_a_seed_and_leave_the_other_draws_alone():
+    assert episode_decisions(0.01, 60.0).counters.drop_decisions == \
+        episode_decisions(0.01, 60.0).counters.drop_decisions
+    assert episode_decisions(0.01, 60.0).episodes.history != \
+        episode_decisions(0.01, 60.0, seed="other").episodes.history
+    plain = LossyLink(LinkProfile(loss=0.2), "s")
+    both = LossyLink(LinkProfile(loss=0.2, episode_mean=0.1, episode_share=0.1), "s")
+    offer(plain, 3000, spacing=0.01)
+    offer(both, 3000, spacing=0.01)
+    # The independent losses are the same datagrams: episodes only add drops.
+    random_drops = {i for i, d in enumerate(plain.counters.drop_decisions) if d}
+    all_drops = {i for i, d in enumerate(both.counters.drop_decisions) if d}
+    assert random_drops <= all_drops and len(all_drops) > len(random_drops)
+
+
+def test_episodes_with_one_seed_and_origin_coincide_and_can_be_turned_off():
+    from relay_core.simlink import LossEpisodes
+    a, b = LossEpisodes("x", origin=0.0), LossEpisodes("x", origin=0.0)
+    ticks = [i * 0.001 for i in range(20000)]
+    pattern = [a.is_down(t, 0.1, 0.1) for t in ticks]
+    assert pattern == [b.is_down(t, 0.1, 0.1) for t in ticks]
+    assert 0.02 <= sum(pattern) / len(pattern) <= 0.3 and a.history == b.history
+    assert not any(a.is_down(30 + t, 0.0, 0.0) for t in ticks)
+    assert all(a.is_down(60 + t, 0.1, 1.0) for t in ticks[:10])
+
+
+def test_netem_settings_convert_episodes_and_reject_a_share_without_a_duration():
+    profile = LinkSettings(episode_ms=100, episode_share=10).profile()
+    assert profile.episode_mean == pytest.approx(0.1)
+    assert profile.episode_share == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        LinkSettings(episode_share=10)
+    with pytest.raises(ValueError):
+        LinkSettings(episode_ms=100, episode_share=101)
+
+
+def test_delays_record_queueing_and_one_way_delay():
+    link = LossyLink(LinkProfile(delay=0.02, rate=80_000, queue_limit=100), "d")
+    # 72 + 28 bytes at 80 kbit/s: 10 ms each on the wire; 5 sent at once queue behind each other.
+    for i in range(5):
+        link.send(bytes(72), 0.0)
+    queueing = [q for q, _ in link.counters.delays]
+    assert queueing == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.05])
+    assert [d - q for q, d in link.counters.delays] == pytest.approx([0.02] * 5)

@@ -474,6 +474,42 @@ def test_cli_per_direction_overrides():
     assert (down.loss, down.delay, down.jitter, down.rate) == (5, 30, 4, 1000)
 
 
+def test_cli_loss_episodes(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9",
+                              "--episode-ms", "100", "--episode-share", "10",
+                              "--down-episode-share", "0"])
+    up, down = settings_from_args(args)
+    assert (up.episode_ms, up.episode_share) == (100, 10)
+    assert (down.episode_ms, down.episode_share) == (100, 0)
+    assert main(["--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--duration", "0.1",
+                 "--episode-share", "10"]) == 2
+    assert "episode_ms" in capsys.readouterr().err
+
+
+def test_episodes_take_both_directions_down_together():
+    async def scenario():
+        settings = LinkSettings(episode_ms=20, episode_share=30)
+        s = await echo_setup(up=settings, down=settings, seed=4, record_decisions=True)
+        for seq in range(200):          # 0.6 s: tens of episodes of 20 ms
+            s.client.transport.sendto(payload(seq), s.emulator.listen_address)
+            await asyncio.sleep(0.003)
+        await wait_until(lambda: settled(s.emulator) == 200)
+        stats = s.emulator.stats()
+        episodes = (s.emulator.episodes("up"), s.emulator.episodes("down"))
+        await teardown(s)
+        return stats, episodes
+
+    stats, (up, down) = run(scenario)
+    # One schedule for both directions (generated as far as each direction was asked).
+    shorter = min(len(up), len(down))
+    assert shorter >= 3 and up[:shorter] == down[:shorter]
+    assert stats["up"]["dropped_episode"] == stats["up"]["dropped"] > 0
+    assert stats["down"]["dropped"] == stats["down"]["dropped_episode"]
+    assert 0.1 <= stats["up"]["dropped"] / 200 <= 0.55
+
+
 def test_module_entry_point_relays_and_stops_on_sigterm():
     upstream = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     upstream.bind((LOCALHOST, 0))
