@@ -455,6 +455,7 @@ class Stats:
         self.packets_sent, self.packets_received = sent, received
         self.bytes_sent, self.bytes_received = sent * 100, received * 100
         self.resends, self.redundant_bytes = sent // 10, sent * 3
+        self.spurious_resends = sent // 20
         self.rtt, self.loss = rtt, loss
 
 
@@ -462,7 +463,10 @@ def test_sync_peers_per_peer_totals_survive_disconnects():
     metrics = Metrics()
     metrics.sync_peers({1: Stats(10, 5, loss=0.1)})        # by default: resends, redundancy
     assert value(metrics, "relay_resends_total") == 1
+    assert value(metrics, "relay_spurious_resends_total") == 0
     assert value(metrics, "relay_redundant_bytes_total") == 30
+    metrics.sync_peers({1: Stats(40, 5, loss=0.1)})
+    assert value(metrics, "relay_spurious_resends_total") == 2
     assert value(metrics, "relay_datagrams_sent_total") == 0
     metrics = Metrics()
     metrics.sync_peers({1: Stats(10, 5, loss=0.1), 2: Stats(20, 10, loss=0.3)}, totals=TOTALS)
