@@ -2,7 +2,7 @@
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-CORE_MODULES = ["aead", "wire", "seqbuf", "rtt", "fragment", "channel", "block", "peer", "endpoint"]
+CORE_MODULES = ["aead", "wire", "seqbuf", "rtt", "redundancy", "fragment", "channel", "block", "peer", "endpoint"]
 
 extensions = [
     Extension(f"relay_core.{name}", [f"relay_core/{name}.pyx"], extra_compile_args=["-O2"])

@@ -62,6 +62,7 @@ cdef struct OutMessage:
     uint8_t fragment_count      # 1 = sent as one MESSAGE record
     uint8_t next_fragment       # write cursor within the current round
     uint8_t copies              # redundant copies written since the last (re)send
+    uint8_t overdue             # RTO expired on a live stream: rides its next datagram as a copy
 
 
 cdef class SendChannel:
@@ -80,6 +81,7 @@ cdef class SendChannel:
     # first send; else the last one (a lower bound).
     cdef readonly uint64_t spurious_resends
     cdef readonly bint failed           # a message passed the resend or RTO limit
+    cdef readonly int overdue           # messages waiting to ride the stream's next datagram
 
     cdef bint queue(self, bytes payload)
     cdef bint has_unsent(self)
@@ -87,10 +89,11 @@ cdef class SendChannel:
                           double now, double rto, uint32_t stamp)
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
-                                    int max_copies, double now, double late_after)
+                                    bint copies, int max_copies, int prompt_copies, double now,
+                                    double late_after)
     cdef void on_ack(self, uint16_t msg_id, int fragment, double sent_at)
     cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now)
-    cdef void expire(self, double now)
+    cdef void expire(self, double now, bint lateness_likely)
     cdef double next_deadline(self)
     cdef Py_ssize_t queued(self)
 
@@ -114,6 +117,11 @@ cdef class ReliableSendChannel(SendChannel):
     cdef int max_resends
     cdef double rto_limit
     cdef double earliest_deadline
+    # The stream: when the latest new message was first sent, and the smoothed time between
+    # datagrams that carried new ones (redundant channels: where an RTO resend can ride).
+    cdef bint rides_stream
+    cdef double last_new_at
+    cdef double stream_interval
 
     cdef void admit(self)
     cdef void resize(self, int capacity) except *

@@ -132,7 +132,8 @@ cdef class SendChannel:
 
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
-                                    int max_copies, double now, double late_after):
+                                    bint copies, int max_copies, int prompt_copies, double now,
+                                    double late_after):
         return pos
 
     cdef void on_ack(self, uint16_t msg_id, int fragment, double sent_at):
@@ -141,7 +142,7 @@ cdef class SendChannel:
     cdef void on_lost(self, uint16_t msg_id, uint32_t stamp, double now):
         pass
 
-    cdef void expire(self, double now):
+    cdef void expire(self, double now, bint lateness_likely):
         pass
 
     cdef double next_deadline(self):
@@ -194,6 +195,10 @@ cdef class ReliableSendChannel(SendChannel):
         self.max_resends = max_resends
         self.rto_limit = rto_limit
         self.earliest_deadline = -1.0
+        self.rides_stream = mode == MODE_REDUNDANT
+        self.last_new_at = -1.0
+        self.stream_interval = 0.0
+        self.overdue = 0
 
     def __dealloc__(self):
         PyMem_Free(self.msgs)
@@ -326,11 +331,18 @@ cdef class ReliableSendChannel(SendChannel):
             m.stamp = stamp
             m.copies = 0
             m.written_at = now
+            if m.overdue:
+                m.overdue = False
+                self.overdue -= 1
             if m.first_sent < 0.0:
                 m.first_sent = now
                 m.rto = rto
                 m.deadline = now + rto
                 self.messages_sent += 1
+                if now > self.last_new_at:
+                    if self.last_new_at >= 0.0:
+                        self.stream_interval += (now - self.last_new_at - self.stream_interval) * 0.125
+                    self.last_new_at = now
                 if self.earliest_deadline < 0.0 or m.deadline < self.earliest_deadline:
                     self.earliest_deadline = m.deadline
             self.finish(m, slot)
@@ -359,6 +371,8 @@ cdef class ReliableSendChannel(SendChannel):
                 return
         if m.needs_write:
             self.unsent -= 1
+        if m.overdue:
+            self.overdue -= 1
         m.in_use = False
         self.slots.remove(msg_id)
         self.payloads[slot] = None
@@ -367,22 +381,46 @@ cdef class ReliableSendChannel(SendChannel):
         while self.oldest != self.next_id and not self.slots.contains(self.oldest):
             self.oldest += 1
 
-    cdef void expire(self, double now):
-        """RTO expiry: mark due messages for resend, back their RTO off by 1.5, flag failure."""
+    cdef void expire(self, double now, bint lateness_likely):
+        """RTO expiry: mark due messages for resend, back their RTO off by 1.5, flag failure.
+
+        When ``lateness_likely`` (the peer's path shows no recent loss, or a filling queue) and
+        the stream is live (a redundant channel whose new messages keep going out), a whole
+        message is not resent in a datagram of its own: it is marked overdue and rides the
+        stream's next datagram as a copy (Peer.flush), so a path whose RTT jumps is not sent
+        extra datagrams for what is only late. If no datagram comes within two stream
+        intervals, it is resent on its own after all. On a lossy path an expiry more likely
+        means a loss, and a datagram of its own also gets past a burst sooner."""
         cdef uint16_t msg_id = self.oldest
         cdef OutMessage* m
         cdef double earliest = -1.0
+        cdef bint live = (lateness_likely and self.rides_stream and self.last_new_at >= 0.0
+                          and self.stream_interval > 0.0
+                          and now - self.last_new_at <= 2.0 * self.stream_interval)
         while msg_id != self.next_id:
             m = &self.msgs[self.slots.slot(msg_id)]
             if m.in_use and m.first_sent >= 0.0 and self.slots.contains(msg_id):
-                if now >= m.deadline:
+                if now >= m.deadline and m.overdue:
+                    # The stream stopped before a datagram could carry it: resend it now.
+                    m.overdue = False
+                    self.overdue -= 1
+                    m.deadline = now + m.rto
+                    if not m.needs_write:
+                        m.needs_write = True
+                        m.next_fragment = 0
+                        self.unsent += 1
+                elif now >= m.deadline:
                     m.resends += 1
                     self.resends += 1
                     m.rto *= 1.5
                     m.deadline = now + m.rto
                     if m.resends > self.max_resends or m.rto > self.rto_limit:
                         self.failed = True
-                    if not m.needs_write:
+                    if live and m.fragment_count == 1 and not m.needs_write:
+                        m.overdue = True
+                        self.overdue += 1
+                        m.deadline = now + min(m.rto, 2.0 * self.stream_interval)
+                    elif not m.needs_write:
                         m.needs_write = True
                         m.next_fragment = 0
                         self.unsent += 1
@@ -413,11 +451,26 @@ cdef class ReliableSendChannel(SendChannel):
                     redundant_bytes=self.redundant_bytes, messages=messages)
 
 
+cdef inline bint copy_due(OutMessage* m, uint32_t stamp, bint copies, int max_copies,
+                          int prompt_copies, double now, double late_after) noexcept:
+    """Whether this datagram (``stamp``) should carry a copy of m (RedundantSendChannel)."""
+    if not (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp):
+        return False
+    if m.overdue:
+        return True
+    if not copies:
+        return False
+    return max_copies == 0 or (m.copies < max_copies
+                               and (m.copies < prompt_copies or now - m.written_at >= late_after))
+
+
 cdef class RedundantSendChannel(ReliableSendChannel):
     cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
-                                    int max_copies, double now, double late_after):
-        """Piggyback the newest already-sent, unacked messages that fit ``budget``.
+                                    bint copies, int max_copies, int prompt_copies, double now,
+                                    double late_after):
+        """Piggyback the newest already-sent, unacked messages that fit ``budget``: copies (when
+        ``copies``), and overdue messages (their RTO resend riding the stream, see ``expire``).
 
         The window is chosen newest first (the newest are the ones a just-lost datagram carried)
         and written oldest first. With ``max_copies`` > 0 (policy adaptive) a message that has
@@ -441,10 +494,8 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             msg_id = <uint16_t>(self.oldest + i)
             slot = self.slots.slot(msg_id)
             m = &self.msgs[slot]
-            if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
-                    and (max_copies == 0 or (m.copies < max_copies
-                                             and (m.copies == 0 or now - m.written_at >= late_after)))
-                    and self.slots.contains(msg_id)):
+            if copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after) \
+                    and self.slots.contains(msg_id):
                 if total + m.record_size > limit:
                     break
                 total += m.record_size
@@ -454,14 +505,20 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             msg_id = <uint16_t>(self.oldest + i)
             slot = self.slots.slot(msg_id)
             m = &self.msgs[slot]
-            if (m.in_use and m.fragment_count == 1 and m.first_sent >= 0.0 and m.stamp != stamp
-                    and (max_copies == 0 or (m.copies < max_copies
-                                             and (m.copies == 0 or now - m.written_at >= late_after)))
-                    and self.slots.contains(msg_id)):
+            if copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after) \
+                    and self.slots.contains(msg_id):
                 payload = self.payloads[slot]
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
                 units.add(self.channel_id, msg_id, 0)
                 m.stamp = stamp
+                if m.overdue:
+                    # Its RTO resend, riding along: the RTO runs from here, copies start over.
+                    m.overdue = False
+                    self.overdue -= 1
+                    m.written_at = now
+                    m.copies = 0
+                    m.deadline = now + m.rto
+                    continue
                 if m.copies < 255:
                     m.copies += 1
                 if max_copies > 0 and m.deadline < now + m.rto:

@@ -110,30 +110,42 @@ class EndpointConfig:
     """Per-peer pacing budget, bytes/s. Redundant copies and block slices wait when it is spent;
     new messages, resends and acks never do."""
     redundancy_policy: str = "adaptive"
-    """When redundant channels piggyback copies. "adaptive": only while the peer has recently
-    lost one of our packets, at most ``redundancy_copies`` per message, and a message whose
-    latest datagram the peer's acks show lost is resent at once. "always": every unacked
-    message in every datagram that carries messages, repaired otherwise by RTO only."""
+    """When redundant channels piggyback copies. "adaptive": as the peer's redundancy
+    controller's mode says (docs/PROTOCOL.md 12.5: clean, lossy, bursty, congested), and a
+    message whose latest datagram the peer's acks show lost is resent at once. "always": every
+    unacked message in every datagram that carries messages, repaired otherwise by RTO only."""
     redundancy_copies: int = 4
-    """adaptive: most copies of a message after each (re)send, each in a later datagram: the
-    first in the next one, the others only once redundancy_copy_wait has passed."""
+    """adaptive, lossy mode: most copies of a message after each (re)send, each in a later
+    datagram: the first in the next one, the others only once redundancy_copy_wait has passed."""
     redundancy_copy_wait: float = 1.0
-    """adaptive: copies after a message's first copy wait until this many SRTTs, plus the
-    peer's ack delay, have passed since it was sent, so they go only where its ack has not come
-    back (0: no wait)."""
+    """adaptive, lossy mode: copies after a message's first copy wait until this many SRTTs,
+    plus the peer's ack delay, have passed since it was sent, so they go only where its ack has
+    not come back (0: no wait)."""
     redundancy_loss_memory: int = 128
-    """adaptive: copies go on until this many of our packets in a row are judged received."""
+    """adaptive: copies go on until this many of our packets in a row are judged received
+    (then the mode is clean)."""
+    burst_threshold: float = 0.2
+    """adaptive: bursty mode while the estimated loss rate right after a loss exceeds the loss
+    rate by at least this (independent losses keep the two alike; bursts of mean length b put
+    the first at 1 - 1/b)."""
+    congestion_delay: float = 0.05
+    """adaptive: congested mode once the smoothed RTT stands more than this, and more than the
+    path's RTT floor itself, above that floor (seconds)."""
+    congestion_hold: float = 5.0
+    """adaptive: congested mode lasts this long after the last RTT sample that showed it (s)."""
+    min_rtt_window: float = 10.0
+    """adaptive: the RTT floor is the least sample of the current and the previous window of
+    this length (seconds), so a path that got longer is learned within two windows."""
+    prompt_copies: int = 1
+    """adaptive: copies of a message that go in the datagrams right after its send, before an
+    ack could say whether they are needed."""
+    congested_copies: int = 0
+    """adaptive, congested mode: most copies of a message after each (re)send (0: none)."""
     reorder_tolerance: float = 0.005
     """adaptive: a packet is judged lost once the peer acks one sent more than
     max(reorder_tolerance, 4 x RTTVAR) seconds after it; later arrivals count as reordering."""
     redundancy_budget: int = 1024
-    """Bytes of piggybacked copies per datagram in good mode."""
-    bad_mode_rtt: float = 0.3
-    """SRTT above this puts the peer in bad mode."""
-    bad_mode_redundancy_budget: int = 256
-    """Bytes of piggybacked copies per datagram in bad mode."""
-    good_mode_recovery: float = 5.0
-    """Seconds of good RTT before leaving bad mode."""
+    """Bytes of piggybacked copies per datagram."""
 
     sent_packet_buffer: int = 256
     received_packet_window: int = 256
@@ -186,11 +198,12 @@ class EndpointConfig:
             raise bad("max_peers", "at least 1")
         for name in ("rto_initial", "rto_min", "rto_max", "rto_limit", "peer_timeout",
                      "heartbeat_interval", "connect_timeout", "connect_resend_interval",
-                     "cookie_lifetime", "send_rate", "bad_mode_rtt"):
+                     "cookie_lifetime", "send_rate", "congestion_delay", "congestion_hold",
+                     "min_rtt_window"):
             if not getattr(self, name) > 0:
                 raise bad(name, "must be > 0")
-        if self.ack_delay < 0 or self.good_mode_recovery < 0:
-            raise bad("ack_delay" if self.ack_delay < 0 else "good_mode_recovery", "must be >= 0")
+        if self.ack_delay < 0:
+            raise bad("ack_delay", "must be >= 0")
         if self.rto_min > self.rto_max:
             raise bad("rto_min", f"must not exceed rto_max={self.rto_max}")
         if self.heartbeat_interval >= self.peer_timeout:
@@ -230,9 +243,14 @@ class EndpointConfig:
             raise bad("redundancy_loss_memory", "1..65535 packets")
         if not 0 <= self.reorder_tolerance <= 1.0:
             raise bad("reorder_tolerance", "0..1 seconds")
-        for name in ("redundancy_budget", "bad_mode_redundancy_budget"):
-            if getattr(self, name) < 0:
-                raise bad(name, "must be >= 0 (copies never exceed the room left in a datagram)")
+        if self.redundancy_budget < 0:
+            raise bad("redundancy_budget", "must be >= 0 (copies never exceed the room left in a datagram)")
+        if not 0 < self.burst_threshold < 1:
+            raise bad("burst_threshold", "above 0 and below 1 (a probability)")
+        if not 1 <= self.prompt_copies <= 16:
+            raise bad("prompt_copies", "1..16 copies per message")
+        if not 0 <= self.congested_copies <= 16:
+            raise bad("congested_copies", "0..16 copies per message")
         for name in ("sent_packet_buffer", "received_packet_window"):
             value = getattr(self, name)
             if not 64 <= value <= 32768 or value & (value - 1):

@@ -34,6 +34,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
 from relay_core.fragment cimport MemoryBudget
+from relay_core.redundancy cimport LINK_MODES
 from relay_core.peer cimport (
     MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING, TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
     TRIGGER_DISCONNECT,
@@ -58,6 +59,7 @@ from relay_core.aead import AeadError, open_ as aead_open_bytes, seal as aead_se
 from relay_core.config import EndpointConfig
 from relay_core.events import PeerDisconnected, PeerMigrated, PeerStats
 from relay_core.peer import STATE_NAMES
+from relay_core.redundancy import MODE_NAMES
 from relay_core.sources import source_key
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
@@ -692,16 +694,19 @@ cdef class Endpoint:
         return {"resends": resends, "spurious_resends": spurious, "redundant_bytes": redundant}
 
     def redundancy_counts(self):
-        """Connected peers in bad mode, and those whose redundant channels write copies now
-        (PeerStats.bad_mode, .copying), for periodic metrics."""
-        cdef Py_ssize_t bad = 0, copying = 0
+        """Connected peers by redundancy mode (PeerStats.redundancy_mode: the controller's four,
+        and "always" for that policy), for periodic metrics."""
+        cdef Py_ssize_t counts[LINK_MODES + 1]
         cdef Peer peer
+        cdef int i
+        for i in range(LINK_MODES + 1):
+            counts[i] = 0
         for peer in self.peers.values():
-            if peer.state != STATE_CONNECTED:
-                continue
-            bad += peer.bad_mode
-            copying += peer.copies_on()
-        return {"bad_mode": bad, "copying": copying}
+            if peer.state == STATE_CONNECTED:
+                counts[peer.link.mode if peer.adaptive else LINK_MODES] += 1
+        out = {name: counts[i] for i, name in enumerate(MODE_NAMES)}
+        out["always"] = counts[LINK_MODES]
+        return out
 
     def link_samples(self):
         """(smoothed RTTs of the connected peers that have a sample, mean loss estimate over

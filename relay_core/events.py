@@ -78,11 +78,18 @@ class PeerStats:
     """Current retransmission timeout for a first send, seconds."""
     loss: float
     """Estimated fraction of our packets the peer never acknowledged (EWMA)."""
-    bad_mode: bool
-    """True while the RTT says the link is congested and redundancy is cut back."""
+    redundancy_mode: str
+    """The redundancy controller's mode (docs/PROTOCOL.md 12.5): "clean", "lossy", "bursty" or
+    "congested" under the `adaptive` policy; "always" under `always`."""
+    burst_length: float
+    """Mean run of lost datagrams the acks imply (1.0: losses independent of each other)."""
+    min_rtt: float
+    """The path's RTT floor: least sample of the last one or two windows, seconds (0.0: none)."""
+    queue_delay: float
+    """Smoothed RTT above that floor, seconds: the controller's congestion signal."""
     copying: bool
-    """True while `redundant` channels write copies: always under the `always` policy, after a
-    recent loss under `adaptive`."""
+    """True while `redundant` channels write copies: always under the `always` policy, in every
+    mode but "clean" under `adaptive`."""
     packets_sent: int
     packets_received: int
     bytes_sent: int

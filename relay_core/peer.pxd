@@ -1,6 +1,7 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport RttEstimator
+from relay_core.redundancy cimport LinkState, LINK_CLEAN
 from relay_core.channel cimport SentUnits
 from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
@@ -98,15 +99,14 @@ cdef class Peer:
     cdef uint16_t loss_cursor
     cdef readonly double loss
 
-    # ack-gap loss detection and the adaptive redundancy policy (docs/PROTOCOL.md 11.5, 12.4)
-    cdef bint adaptive                  # redundancy_policy == "adaptive"
+    # ack-gap loss detection and the redundancy controller (docs/PROTOCOL.md 11.5, 12.4, 12.5)
+    cdef bint adaptive                  # redundancy_policy == "adaptive": the controller decides
     cdef int redundancy_copies
     cdef double copy_wait
-    cdef uint32_t loss_memory
     cdef double reorder_tolerance
     cdef uint16_t gap_cursor            # oldest of our packets not yet judged by an ack gap
-    cdef readonly uint32_t packets_since_loss   # packets judged received since the last judged lost
     cdef readonly uint64_t gap_losses           # packets judged lost by an ack gap
+    cdef LinkState link
 
     cdef readonly RttEstimator rtt
     cdef list send_channels
@@ -128,17 +128,14 @@ cdef class Peer:
     cdef int mtu
     cdef int max_datagrams
 
-    # pacing and good/bad mode
+    # pacing and copies
     cdef double tokens
     cdef double tokens_at
     cdef double send_rate
     cdef double token_capacity
-    cdef readonly bint bad_mode
-    cdef double good_since
-    cdef double bad_mode_rtt
-    cdef double good_mode_recovery
     cdef Py_ssize_t redundancy_budget
-    cdef Py_ssize_t bad_redundancy_budget
+    cdef int congested_copies
+    cdef int prompt_copies
 
     # counters
     cdef readonly uint64_t packets_sent
@@ -176,8 +173,8 @@ cdef class Peer:
 
     cdef inline bint copies_on(self) noexcept:
         """Whether redundant channels write copies now: always under the "always" policy,
-        under "adaptive" until loss_memory packets in a row were judged received."""
-        return not self.adaptive or self.packets_since_loss < self.loss_memory
+        under "adaptive" unless the controller's last word was "clean"."""
+        return not self.adaptive or self.link.mode != LINK_CLEAN
 
     cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""

@@ -18,6 +18,10 @@ from types import MappingProxyType
 from relay_core.aead cimport AEAD_KEY_SIZE, AEAD_NONCE_SIZE, aead_open, aead_seal
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport RttEstimator
+from relay_core.redundancy cimport (
+    LinkState, link_init, link_judged, link_rtt, link_update, link_burst_length,
+    LINK_CLEAN, LINK_LOSSY, LINK_BURSTY, LINK_CONGESTED,
+)
 from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.channel cimport (
@@ -33,6 +37,7 @@ from relay_core.wire cimport (
 )
 
 from relay_core.channel import make_send_channel, make_receive_channel
+from relay_core.redundancy import MODE_NAMES
 from relay_core.events import BlockDelivered, BlockReceived, MessageReceived, PeerConnected
 
 STATE_NAMES = ("connecting", "challenged", "connected", "disconnecting", "closed")
@@ -94,6 +99,10 @@ cdef class MessageSink:
         return False
 
 
+# A packet is also judged lost once the peer acks one this many packets newer (and sent after
+# the fixed reorder tolerance): the time window alone, 4 x RTTVAR, is wide on a jittery path.
+cdef int REORDER_PACKETS = 3
+
 cdef class Peer:
     def __init__(self, int peer_id, object address, object config, object events, double now,
                  uint32_t connect_id, MemoryBudget block_budget not None, int reserve=0,
@@ -138,12 +147,10 @@ cdef class Peer:
         self.adaptive = config.redundancy_policy == "adaptive"
         self.redundancy_copies = config.redundancy_copies
         self.copy_wait = config.redundancy_copy_wait
-        self.loss_memory = config.redundancy_loss_memory
         self.reorder_tolerance = config.reorder_tolerance
         self.gap_cursor = 0
-        # A new connection has shown nothing yet, and its RTT estimate (so the RTO and the
-        # reorder window) is at its widest: copies until it has proved clean.
-        self.packets_since_loss = 0
+        link_init(&self.link, config.redundancy_loss_memory, config.burst_threshold,
+                  config.congestion_delay, config.congestion_hold, config.min_rtt_window, now)
 
         # The handshake replaces this with the ack delay the peer announces.
         self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
@@ -185,12 +192,9 @@ cdef class Peer:
         self.token_capacity = max(config.send_rate * 0.05, 4.0 * config.mtu)
         self.tokens = self.token_capacity
         self.tokens_at = now
-        self.bad_mode = False
-        self.good_since = now
-        self.bad_mode_rtt = config.bad_mode_rtt
-        self.good_mode_recovery = config.good_mode_recovery
         self.redundancy_budget = config.redundancy_budget
-        self.bad_redundancy_budget = config.bad_mode_redundancy_budget
+        self.congested_copies = config.congested_copies
+        self.prompt_copies = config.prompt_copies
 
     def __dealloc__(self):
         PyMem_Free(self.sent)
@@ -480,6 +484,7 @@ cdef class Peer:
             sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
             if sample < 60.0:
                 self.rtt.add_sample(sample)
+                link_rtt(&self.link, sample, self.rtt.srtt, now)
             if self.adaptive:
                 self.detect_gaps(h.ack, now)
         # Packets 32 or more behind the newest ack can never be acked again: count them.
@@ -525,12 +530,12 @@ cdef class Peer:
         while seq_diff(newest, self.gap_cursor) > 0:
             packet = self.sent_packet(self.gap_cursor)
             if packet != NULL:
-                if newest_sent - packet.time <= window:
+                if newest_sent - packet.time <= window and (
+                        seq_diff(newest, self.gap_cursor) < REORDER_PACKETS
+                        or newest_sent - packet.time <= self.reorder_tolerance):
                     return
-                if packet.acked:
-                    if self.packets_since_loss < self.loss_memory:
-                        self.packets_since_loss += 1
-                else:
+                link_judged(&self.link, not packet.acked)
+                if not packet.acked:
                     self.on_packet_lost(packet, now)
             self.gap_cursor += 1
 
@@ -541,7 +546,6 @@ cdef class Peer:
         cdef SentUnits units = self.units
         cdef SentUnit* unit
         cdef list channels = self.send_channels
-        self.packets_since_loss = 0
         self.gap_losses += 1
         if not units.holds(start):
             return
@@ -614,11 +618,16 @@ cdef class Peer:
         cdef bint carries_messages
         cdef uint8_t nonce[AEAD_NONCE_SIZE]
         cdef uint8_t* sealed_out
-        cdef Py_ssize_t budget = self.bad_redundancy_budget if self.bad_mode else self.redundancy_budget
-        # adaptive: copies only while the peer has lost one of our packets recently, and a
-        # bounded number per message; always: every unacked message, every datagram.
-        cdef bint copies = self.copies_on()
-        cdef int max_copies = self.redundancy_copies if self.adaptive else 0
+        cdef Py_ssize_t budget = self.redundancy_budget
+        # always: every unacked message in every datagram. adaptive: as the controller's mode
+        # says (PROTOCOL.md 12.5): none on a clean path; on a lossy one a bounded number per
+        # message, the first in the next datagram and the others only where an ack is overdue;
+        # on a bursty one every datagram until acked, as always; on a congested one fewer.
+        cdef int mode = link_update(&self.link, now) if self.adaptive else LINK_BURSTY
+        cdef int prompt_copies = self.prompt_copies
+        cdef bint copies = mode != LINK_CLEAN and (mode != LINK_CONGESTED or self.congested_copies > 0)
+        cdef int max_copies = (self.redundancy_copies if mode == LINK_LOSSY else
+                               self.congested_copies if mode == LINK_CONGESTED else 0)
         # When the ack of a send that arrived is due back: SRTT excludes the peer's ack hold.
         cdef double late_copy = (self.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
                                  if self.rtt.has_sample else self.copy_wait * self.rtt.rto)
@@ -640,10 +649,12 @@ cdef class Peer:
             # Discretionary bytes only while the pacing budget lasts. Copies ride only with new or
             # resent messages: on an ack-only datagram they would make the peer ack back, and so on.
             if self.tokens > 0:
-                if carries_messages and copies:
+                if carries_messages:
                     for channel in self.redundant_channels:
-                        pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
-                                                      max_copies, now, late_copy)
+                        if copies or channel.overdue:
+                            pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
+                                                          copies, max_copies, prompt_copies, now,
+                                                          late_copy)
                 if self.block_out.active():
                     pos = self.block_out.write(buf, pos, end, now, self.rtt.rto)
             h.session_id = self.session_id
@@ -727,25 +738,22 @@ cdef class Peer:
         """Run expiries; returns a disconnect reason when the peer must go, else None."""
         cdef SendChannel channel
         cdef double deadline
+        cdef int mode
         if self.state == STATE_CONNECTING or self.state == STATE_CHALLENGED:
             return "connect_timeout" if now - self.created_at >= self.connect_timeout else None
         if self.state != STATE_CONNECTED:
             return None
         if now - self.last_receive_at >= self.peer_timeout:
             return "timeout"
+        # An expiry on a path without recent loss, or with a filling queue, is more likely a
+        # late ack than a lost message (the "always" policy has no such view: it resends).
+        mode = link_update(&self.link, now) if self.adaptive else LINK_LOSSY
         for channel in self.send_channels:
             deadline = channel.next_deadline()
             if deadline >= 0.0 and now >= deadline:
-                channel.expire(now)
+                channel.expire(now, mode == LINK_CLEAN or mode == LINK_CONGESTED)
             if channel.failed:      # by RTO expiries, or by ack-gap resends (on_lost)
                 return "resend_limit"
-        # Good/bad mode on RTT (not on loss: random wireless loss is not congestion, and cutting
-        # redundancy there would cost exactly the latency redundancy exists to save).
-        if self.rtt.has_sample and self.rtt.srtt > self.bad_mode_rtt:
-            self.bad_mode = True
-            self.good_since = now
-        elif self.bad_mode and now - self.good_since >= self.good_mode_recovery:
-            self.bad_mode = False
         return None
 
     cdef double next_deadline(self):
@@ -780,8 +788,6 @@ cdef class Peer:
                 d = max(ready, token_ready) if d < 0.0 else min(d, max(ready, token_ready))
             if d >= 0.0:
                 deadline = min(deadline, d)
-        if self.bad_mode:
-            deadline = min(deadline, self.good_since + self.good_mode_recovery)
         return deadline
 
     # -- Python-level access ---------------------------------------------------------------
@@ -817,7 +823,10 @@ cdef class Peer:
             duplicates += receiver.duplicates
         return dict(
             rtt=self.rtt.srtt, rtt_variance=self.rtt.rttvar, rto=self.rtt.rto, loss=self.loss,
-            bad_mode=self.bad_mode, packets_sent=self.packets_sent,
+            redundancy_mode=MODE_NAMES[self.link.mode] if self.adaptive else "always",
+            burst_length=link_burst_length(&self.link),
+            min_rtt=max(self.link.min_rtt, 0.0), queue_delay=max(self.link.queue_delay, 0.0),
+            packets_sent=self.packets_sent,
             packets_received=self.packets_received, bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received, packets_acked=self.packets_acked,
             packets_lost=self.packets_lost, messages_sent=messages_sent,

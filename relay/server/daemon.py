@@ -31,7 +31,9 @@ from relay.transport import (
 def link_info(stats) -> dict:
     """A peer's link for the admin API: what a player's lag is made of."""
     return {"rtt_ms": round(stats.rtt * 1000.0, 1), "loss": round(stats.loss, 4),
-            "bad_mode": stats.bad_mode, "copying": stats.copying,
+            "mode": stats.redundancy_mode, "burst_length": round(stats.burst_length, 2),
+            "min_rtt_ms": round(stats.min_rtt * 1000.0, 1),
+            "queue_delay_ms": round(stats.queue_delay * 1000.0, 1), "copying": stats.copying,
             "resends": stats.resends, "spurious_resends": stats.spurious_resends,
             "redundant_bytes": stats.redundant_bytes, "bytes_sent": stats.bytes_sent}
 
@@ -395,8 +397,8 @@ class RelayServer:
         # (datagrams are counted at the socket). A PeerStats per peer every second cost a
         # tick's worth of time at a few thousand players.
         metrics.sync_totals(**self.endpoint.traffic_totals())
-        for state, count in self.endpoint.redundancy_counts().items():
-            metrics.redundancy_peers.labels(state=state).set(count)
+        for mode, count in self.endpoint.redundancy_counts().items():
+            metrics.redundancy_peers.labels(mode=mode).set(count)
         rtts, loss = self.endpoint.link_samples()
         metrics.loss.set(loss)
         # At most RTT_SAMPLES_PER_SYNC observations per pass, taking turns over the peers.

@@ -15,8 +15,9 @@ Routes::
                                    "tick_rate"?, "allocated"?} -> 201 room ("allocated": true:
                                    an Agones allocation already took the room's Counter slot)
     GET    /rooms/{room}          -> 200 room, each connected player with its "link": rtt_ms,
-                                   loss, bad_mode, copying, resends, spurious_resends,
-                                   redundant_bytes, bytes_sent (what its lag is made of)
+                                   loss, mode, burst_length, min_rtt_ms, queue_delay_ms,
+                                   copying, resends, spurious_resends, redundant_bytes,
+                                   bytes_sent (what its lag is made of)
     DELETE /rooms/{room}          optional {"reason": text} -> 200 (ends the room)
     POST   /rooms/{room}/start    -> 200
     POST   /rooms/{room}/kick     {"player": name} -> 200

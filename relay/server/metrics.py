@@ -89,8 +89,9 @@ _SPECS: tuple[tuple[str, type, str, str, tuple[str, ...], tuple[str, ...], dict]
      "Resends that were not needed: the message (or its ack) was only late; a lower bound.",
      (), (), {}),
     ("redundancy_peers", Gauge, "relay_peers_redundancy",
-     "Connected peers whose redundant channels write copies now (copying), and those in bad "
-     "mode (an RTT above bad_mode_rtt cuts the copy budget).", ("state",), ("copying", "bad_mode"), {}),
+     "Connected peers by the mode of their redundancy controller: clean (no copies), lossy, "
+     "bursty, congested (copies cut), or always (that policy).", ("mode",),
+     ("clean", "lossy", "bursty", "congested", "always"), {}),
     ("rtt", Histogram, "relay_peer_rtt_seconds",
      "Smoothed round-trip time of each peer, sampled periodically.", (), (),
      {"buckets": RTT_BUCKETS}),

@@ -131,11 +131,11 @@ def test_a_wider_reorder_tolerance_absorbs_the_same_reordering():
     assert snapshot(pair.client, pair.client_peer)["fast_resends"] == 0
 
 
-def carriers_per_message(policy, copies=2, loss=0.0, seed=81, copy_wait=0.0):
+def carriers_per_message(policy, copies=2, loss=0.0, seed=81, copy_wait=0.0, **config):
     """Client sends 100 messages 10 ms apart over a 200 ms RTT link (about 20 unacked at any
     time); returns how many datagrams carried each message id, and the client's snapshot."""
     pair = make_pair(delay=0.1, loss=loss, seed=seed, redundancy_policy=policy,
-                     redundancy_copies=copies, redundancy_copy_wait=copy_wait)
+                     redundancy_copies=copies, redundancy_copy_wait=copy_wait, **config)
     pair.connect()
     carried = Counter()
     most_copies = 0
@@ -180,7 +180,9 @@ def test_later_copies_wait_for_an_srtt_and_then_go_only_to_the_unacked():
 
 
 def test_under_loss_the_copies_since_a_send_stay_bounded():
-    _, most, state = carriers_per_message("adaptive", 2, loss=0.4, seed=82)
+    # The bound is the lossy mode's (the controller's bursty mode copies until acked): 40 %
+    # independent loss can look bursty for a moment, which a threshold of 0.99 rules out.
+    _, most, state = carriers_per_message("adaptive", 2, loss=0.4, seed=82, burst_threshold=0.99)
     assert most == 2
     assert state["fast_resends"] > 0        # some messages lost with all their copies
 
