@@ -51,6 +51,8 @@ class EchoRun:
     datagrams_up: int = 0
     datagrams_down: int = 0
     server_sends: list[float] = field(default_factory=list)     # when each server datagram left
+    queue_ms: list[float] = field(default_factory=list)
+    """Time each delivered datagram (both ways) spent in the bottleneck: queue + serialisation."""
     limit: list[Optional[float]] = field(default_factory=list)
     """Per message, the loss-trace limit of this run's own datagrams (loss_latency's
     ``redundancy_limit``), ms."""
@@ -177,6 +179,7 @@ def run_echo(settings: LinkSettings, count: int = 1000, seed: int = 1, size: int
                 candidates.append(deadline)
         now = max(now + 1e-6, min(candidates))
     run.peer_stats = {"client": stats(client), "server": stats(server)}
+    run.queue_ms = [queued * 1000.0 for link in (up, down) for queued, _ in link.counters.delays]
     if start is not None:
         fates = [_fates(link, sent_at[id(link)]) for link in (up, down)]
         message_times = [start + t for t in run.send_times]
@@ -201,7 +204,9 @@ def summarize(runs: Sequence[EchoRun]) -> dict[str, float]:
     span = sum(max(run.send_times[-1], 1e-9) for run in runs if run.send_times)
     payload = sum(2 * len(run.rtts) * run.size for run in runs)
     limits = [v for run in runs for v in run.limit if v is not None]
+    queued = [v for run in runs for v in run.queue_ms]
     return {"delivered": len(pooled), "messages": total, "limit_p99": percentile(limits, 99),
+            "queue_p99": percentile(queued, 99),
             "mean": sum(pooled) / len(pooled) if pooled else math.nan,
             "p50": percentile(pooled, 50), "p99": percentile(pooled, 99),
             "max": max(pooled) if pooled else math.nan,
@@ -234,7 +239,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{name:>10}: {s['delivered']}/{s['messages']} mean {s['mean']:.1f} p50 {s['p50']:.1f} "
               f"p99 {s['p99']:.1f} (limit {s['limit_p99']:.1f}) max {s['max']:.1f} ms; "
               f"wire {s['wire_per_payload_byte']:.2f} per payload byte; "
-              f"server {s['datagrams_down_per_s']:.1f} datagrams/s", flush=True)
+              f"server {s['datagrams_down_per_s']:.1f} datagrams/s"
+              + (f"; bottleneck p99 {s['queue_p99']:.1f} ms" if scenario.settings.rate else ""),
+              flush=True)
     return 0
 
 

@@ -785,6 +785,91 @@ def write_plots(out: Path, results: Sequence[dict]) -> list[str]:
     return written
 
 
+SCENARIO_STYLES = {"ours-redundant": ("tab:green", "-"), "ours-reliable": ("tab:olive", "-."),
+                   "enet": ("tab:red", ":"), "kcp-fast": ("tab:blue", "--"),
+                   "kcp-normal": ("tab:purple", ":")}
+
+
+def write_scenario_plots(out: Path, results: Sequence[dict]) -> list[str]:
+    """The scenarios' figures as SVG (matplotlib): a latency CDF per scenario, every protocol
+    and ours' loss-trace limit (``loss_scenarios_cdf.svg``), and bytes on the wire per payload
+    byte per scenario and protocol (``loss_scenarios_wire.svg``). Returns the files written (or
+    a note why not)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib import ticker
+    except ImportError as exc:
+        return [f"(no plots: matplotlib not importable: {exc})"]
+    matplotlib.rcParams["svg.hashsalt"] = "loss_latency"      # the same file for the same data
+    written = []
+    columns = 3
+    rows = (len(results) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.set_visible(False)
+    for ax, result in zip(axes.flat, results):
+        curves = []
+        for protocol, pooled in result["pooled"].items():
+            values = sorted(v for r in result["runs"] if r["protocol"] == protocol
+                            and r["variant"] == "scenario" for v in r["rtts_ms"] if v is not None)
+            curves.append((pooled["label"], values, *SCENARIO_STYLES.get(protocol, ("gray", "-"))))
+        limits = sorted(v for r in result["runs"] if r["protocol"] == "ours-redundant"
+                        and r["variant"] == "scenario" and "limit" in r
+                        for v in r["limit"]["rtts_ms"] if v is not None)
+        if limits:
+            curves.append(("loss-trace limit", limits, "black", (0, (2, 2))))
+        for label, values, color, style in curves:
+            if not values:
+                continue
+            # The top 10 % is what the axes show; a few hundred points of it draw the curve.
+            n = len(values)
+            first = max(0, int(0.9 * n) - 1)
+            ranks = list(range(first, n, max(1, (n - first) // 400))) + [n - 1]
+            ax.plot([values[k] for k in ranks], [(k + 1) / n for k in ranks], color=color,
+                    linestyle=style, linewidth=1.3, label=label)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_ylim(0.9, 1.0005)
+        ax.axhline(0.99, color="gray", linewidth=0.6, alpha=0.6)
+        ax.set_title(result["scenario"], fontsize=10)
+        ax.set_xlabel("round trip (ms, log)", fontsize=8)
+        ax.set_ylabel("share of messages (top 10 %)", fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Loss scenarios: round-trip CDF, pooled over seeds (line at p99)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out / "loss_scenarios_cdf.svg")
+    plt.close(fig)
+    written.append("loss_scenarios_cdf.svg")
+
+    protocols = list(dict.fromkeys(p for result in results for p in result["pooled"]))
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / max(1, len(protocols))
+    for k, protocol in enumerate(protocols):
+        xs, ys = [], []
+        for i, result in enumerate(results):
+            pooled = result["pooled"].get(protocol)
+            if pooled and pooled.get("wire_ratio") is not None:
+                xs.append(i + (k - (len(protocols) - 1) / 2) * width)
+                ys.append(pooled["wire_ratio"])
+        color = SCENARIO_STYLES.get(protocol, ("gray", "-"))[0]
+        ax.bar(xs, ys, width=width, color=color, label=adapters.LABELS.get(protocol, protocol))
+    ax.set_xticks(range(len(results)), [r["scenario"] for r in results])
+    ax.set_ylabel("UDP bytes both ways / payload bytes")
+    ax.set_title("Bytes on the wire per payload byte, per scenario and protocol", fontsize=11)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loss_scenarios_wire.svg")
+    plt.close(fig)
+    written.append("loss_scenarios_wire.svg")
+    return written
+
+
 def concurrency_comparison(concurrent: Sequence[dict], sequential: Sequence[dict],
                            rerun: str) -> dict:
     """Mean, p50 and p99 of one point run both ways; ``rerun`` names the extra run
@@ -1284,6 +1369,10 @@ async def _main_scenarios(args: argparse.Namespace, protocols: list[str],
     for result in results:
         lines.extend(scenario_lines(result))
     (out / "loss_scenarios.md").write_text("\n".join(lines) + "\n")
+    if not args.no_plots:
+        figures = args.figures or out
+        figures.mkdir(parents=True, exist_ok=True)
+        print(f"figures in {figures}: {', '.join(write_scenario_plots(figures, results))}")
     print("Targets (informational, not the exit status):")
     for result in results:
         for t in result["targets"]:
@@ -1396,7 +1485,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help="where the JSON, markdown and PNG files go "
                              "(default benchmarks/results/)")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-plots", action="store_true", help="skip the plots")
+    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="where the plots go (default: --out); docs/figures holds the ones "
+                             "docs/BENCHMARKS.md shows")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="event loop (default asyncio: its timers never fire early)")
 
@@ -1460,7 +1552,10 @@ async def _main(args: argparse.Namespace, protocols: list[str], links: list[Link
     (out / "loss_latency.md").write_text(markdown)
     written = ["loss_latency.json", "loss_latency.md"]
     if not args.no_plots:
-        written += write_plots(out, results)
+        figures = args.figures or out
+        figures.mkdir(parents=True, exist_ok=True)
+        written += [str(figures / name) if figures != out else name
+                    for name in write_plots(figures, results)]
 
     print()
     print("Targets:")

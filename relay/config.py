@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from relay.errors import ConfigError  # an invalid setting: names the key, the value, what is allowed
+from relay_core.config import REDUNDANCY_POLICIES
 
 ENV_PREFIX = "RELAY_"
 
@@ -478,12 +479,48 @@ class AgonesSettings:
 
 
 @dataclass
+class LinkSettings:
+    """How the relay's STREAM copies frames to lossy players (docs/PROTOCOL.md 12.4, 14.5);
+    each player's own link picks the mode."""
+
+    redundancy_policy: str = "adaptive"
+    """adaptive: a redundancy controller per player reads its acks and RTT and copies as its
+    path needs (clean: none; lossy: one copy at once, more where an ack is overdue; bursty:
+    every unacked frame in every datagram; congested: none). always: every unacked frame in
+    every datagram, whatever the path."""
+    burst_threshold: float = 0.2
+    """bursty once the loss rate right after a loss exceeds the loss rate by this."""
+    congestion_delay: float = 0.05
+    """congested once two RTT samples in a row stand this far (seconds), and more than the
+    path's floor, above the floor."""
+    congestion_hold: float = 5.0
+    """Seconds congested mode lasts after the last sign of a queue."""
+    congested_copies: int = 0
+    """Copies per frame while congested (0: none; losses go to the ack-gap resend)."""
+    redundancy_copies: int = 4
+    """lossy: most copies per frame after each send."""
+    prompt_copies: int = 1
+    """lossy: copies that follow a frame at once, before an ack could say they are needed."""
+
+    def validate(self) -> "LinkSettings":
+        _check_choice("link.redundancy_policy", self.redundancy_policy, REDUNDANCY_POLICIES)
+        _check_range("link.burst_threshold", self.burst_threshold, 0.01, 0.99)
+        _check_range("link.congestion_delay", self.congestion_delay, 0.001, 10.0)
+        _check_range("link.congestion_hold", self.congestion_hold, 0.1, 600.0)
+        _check_range("link.congested_copies", self.congested_copies, 0, 16)
+        _check_range("link.redundancy_copies", self.redundancy_copies, 1, 16)
+        _check_range("link.prompt_copies", self.prompt_copies, 1, 16)
+        return self
+
+
+@dataclass
 class RelayConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     rooms: RoomSettings = field(default_factory=RoomSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     agones: AgonesSettings = field(default_factory=AgonesSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
+    link: LinkSettings = field(default_factory=LinkSettings)
 
     def validate(self) -> "RelayConfig":
         self.server.validate()
@@ -491,6 +528,7 @@ class RelayConfig:
         self.replay.validate()
         self.agones.validate()
         self.security.validate()
+        self.link.validate()
         return self
 
     @property

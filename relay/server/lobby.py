@@ -69,8 +69,16 @@ def endpoint_config(config: RelayConfig) -> EndpointConfig:
         heartbeat_interval=min(0.5, rooms.player_timeout / 4),
         # Acks ride on the next tick's frame instead of going out alone.
         ack_delay=1.0 / server.tick_rate,
-        # Copies of unacked frames, when the redundancy policy sends them, may fill the datagram.
+        # Copies of unacked frames, when the redundancy controller sends them, may fill the
+        # datagram.
         redundancy_budget=server.mtu,
+        redundancy_policy=config.link.redundancy_policy,
+        burst_threshold=config.link.burst_threshold,
+        congestion_delay=config.link.congestion_delay,
+        congestion_hold=config.link.congestion_hold,
+        congested_copies=config.link.congested_copies,
+        redundancy_copies=config.link.redundancy_copies,
+        prompt_copies=config.link.prompt_copies,
         # Per-player memory: small packet buffers (32 packets in flight is the ack window
         # anyway), and a unit ring that grows at most to a window of small frames.
         sent_packet_buffer=64,
