@@ -803,6 +803,7 @@ def write_scenario_plots(out: Path, results: Sequence[dict]) -> list[str]:
     except ImportError as exc:
         return [f"(no plots: matplotlib not importable: {exc})"]
     matplotlib.rcParams["svg.hashsalt"] = "loss_latency"      # the same file for the same data
+    matplotlib.rcParams["svg.fonttype"] = "none"              # text as text: a smaller file
     written = []
     columns = 3
     rows = (len(results) + columns - 1) // columns
