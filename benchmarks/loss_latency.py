@@ -738,7 +738,9 @@ def write_plots(out: Path, results: Sequence[dict]) -> list[str]:
                     ax.plot(xs, [math.nan if y is None else y for y in ys], linestyle="--",
                             color="black", label="redundancy limit")
                 ax.set_yscale("log")
+                ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
                 ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(ticker.NullFormatter())
             ax.set_title(f"{link} link: {LINKS[link].description}", fontsize=9)
             ax.set_xlabel("loss per direction (%)")
             ax.set_ylabel(ylabel)
