@@ -34,7 +34,8 @@ class Stats(ctypes.Structure):
         (name, ctypes.c_uint64) for name in (
             "packets_sent", "packets_received", "bytes_sent", "bytes_received", "packets_acked",
             "packets_lost", "messages_sent", "messages_received", "resends", "redundant_bytes",
-            "duplicate_messages", "datagrams_dropped")]
+            "duplicate_messages", "datagrams_dropped")] + [
+        ("burst_length", ctypes.c_double), ("redundancy_mode", ctypes.c_int)]
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ extern "C" {
 #  define RELAY_API
 #endif
 
-#define RELAY_CLIENT_VERSION_MAJOR 1
+#define RELAY_CLIENT_VERSION_MAJOR 2
 #define RELAY_CLIENT_VERSION_MINOR 0
 
 /* ---- error codes (negative return values) ------------------------------------------------ */
@@ -262,6 +262,17 @@ RELAY_API int relay_client_report_checksum(relay_client_t *client, uint32_t fram
 
 /* ---- state --------------------------------------------------------------------------------- */
 
+/* The redundancy controller's reading of the path (docs/PROTOCOL.md 14.5), which sets how many
+ * copies of each unacknowledged input ride later datagrams. */
+typedef enum relay_link_mode {
+    RELAY_LINK_CLEAN = 0,           /* no recent loss: each message sent once */
+    RELAY_LINK_LOSSY = 1,           /* independent losses: a copy in the next datagram, more only
+                                     * where an ack is overdue (a new connection starts here) */
+    RELAY_LINK_BURSTY = 2,          /* losses in runs: every datagram carries every unacked
+                                     * message */
+    RELAY_LINK_CONGESTED = 3        /* the RTT stands above the path's floor: no copies */
+} relay_link_mode_t;
+
 typedef struct relay_client_stats {
     double rtt;                     /* smoothed round-trip time, s (0 before a sample) */
     double rtt_variance;
@@ -273,6 +284,10 @@ typedef struct relay_client_stats {
     uint64_t datagrams_dropped;     /* malformed, unauthenticated, stale or duplicate datagrams */
     uint64_t events_dropped;        /* events lost to a full event queue */
     uint64_t live_frames_dropped;   /* live frames past frame_buffer_* (repaired by catch-up) */
+    int32_t redundancy_mode;        /* relay_link_mode_t: how the input stream copies now */
+    uint32_t reserved;              /* explicit padding: the same layout for every binding */
+    double burst_length;            /* mean run of our datagrams lost together, as the acks
+                                     * show it (1.0: losses independent of each other) */
 } relay_client_stats_t;
 
 RELAY_API void relay_client_get_stats(const relay_client_t *client, relay_client_stats_t *stats);

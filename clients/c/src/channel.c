@@ -29,6 +29,9 @@ void rc_send_channel_reset(rc_send_channel *ch)
     ch->head = ch->tail = 0;
     ch->unsent = 0;
     ch->failed = 0;
+    ch->last_new_at = -1.0;
+    ch->stream_interval = 0.0;
+    ch->overdue = 0;
 }
 
 /* Live ids are contiguous from oldest, so they sit in consecutive slots from head_slot. */
@@ -117,30 +120,45 @@ size_t rc_send_channel_write(rc_send_channel *ch, uint8_t *buf, size_t pos, size
         m->stamp = stamp;
         m->copies = 0;
         m->written_at = now;
+        if (m->overdue) {
+            m->overdue = 0;
+            ch->overdue--;
+        }
         if (!m->sent) {
             m->sent = 1;
             m->rto = rto;
             m->deadline = now + rto;
             ch->messages_sent++;
+            /* Datagrams in one burst are one step of the stream. */
+            if (now > ch->last_new_at) {
+                if (ch->last_new_at >= 0.0)
+                    ch->stream_interval += (now - ch->last_new_at - ch->stream_interval) * 0.125;
+                ch->last_new_at = now;
+            }
         }
     }
     return pos;
 }
 
-static int copy_candidate(const rc_out_msg *m, uint32_t stamp, uint32_t max_copies, double now,
-                          double late_after)
+/* Whether this datagram (stamp) should carry a copy of m. */
+static int copy_due(const rc_out_msg *m, uint32_t stamp, int copies, uint32_t max_copies,
+                    uint32_t prompt_copies, double now, double late_after)
 {
     if (m->acked || !m->sent || m->needs_write || m->stamp == stamp)
         return 0;
+    if (m->overdue)
+        return 1;
+    if (!copies)
+        return 0;
     if (max_copies == 0)
         return 1;
-    return m->copies < max_copies && (m->copies == 0 || now - m->written_at >= late_after);
+    return m->copies < max_copies && (m->copies < prompt_copies || now - m->written_at >= late_after);
 }
 
 size_t rc_send_channel_write_copies(rc_send_channel *ch, uint8_t *buf, size_t pos, size_t end,
-                                    size_t budget, uint32_t stamp, uint32_t max_copies,
-                                    double now, double late_after, rc_unit_fn unit,
-                                    void *context)
+                                    size_t budget, uint32_t stamp, int copies,
+                                    uint32_t max_copies, uint32_t prompt_copies, double now,
+                                    double late_after, rc_unit_fn unit, void *context)
 {
     uint32_t count = (uint16_t)(window_end(ch) - ch->oldest), start = count, i;
     size_t total = 0, limit = end > pos ? end - pos : 0;
@@ -148,7 +166,7 @@ size_t rc_send_channel_write_copies(rc_send_channel *ch, uint8_t *buf, size_t po
         limit = budget;
     for (i = count; i-- > 0;) {
         const rc_out_msg *m = msg_at(ch, (uint16_t)(ch->oldest + i));
-        if (copy_candidate(m, stamp, max_copies, now, late_after)) {
+        if (copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after)) {
             size_t size = rc_message_record_size(m->length);
             if (total + size > limit)
                 break;
@@ -159,11 +177,20 @@ size_t rc_send_channel_write_copies(rc_send_channel *ch, uint8_t *buf, size_t po
     for (i = start; i < count; i++) {
         uint16_t id = (uint16_t)(ch->oldest + i);
         rc_out_msg *m = msg_at(ch, id);
-        if (!copy_candidate(m, stamp, max_copies, now, late_after))
+        if (!copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after))
             continue;
         pos += rc_message_record_write(buf + pos, ch->id, id, ch->bytes + m->offset, m->length);
         unit(context, ch->id, id);
         m->stamp = stamp;
+        if (m->overdue) {
+            /* Its RTO resend, riding along: the RTO runs from here, copies start over. */
+            m->overdue = 0;
+            ch->overdue--;
+            m->written_at = now;
+            m->copies = 0;
+            m->deadline = now + m->rto;
+            continue;
+        }
         if (m->copies < 255)
             m->copies++;
         if (max_copies > 0 && m->deadline < now + m->rto)
@@ -186,6 +213,10 @@ void rc_send_channel_on_ack(rc_send_channel *ch, uint16_t msg_id)
     if (m->needs_write) {
         m->needs_write = 0;
         ch->unsent--;
+    }
+    if (m->overdue) {
+        m->overdue = 0;
+        ch->overdue--;
     }
     while (ch->oldest != ch->next_id && msg_at(ch, ch->oldest)->acked) {
         m = msg_at(ch, ch->oldest);
@@ -218,15 +249,31 @@ void rc_send_channel_on_lost(rc_send_channel *ch, uint16_t msg_id, uint32_t stam
     m->deadline = now + m->rto;
 }
 
-double rc_send_channel_expire(rc_send_channel *ch, double now)
+/* On a live stream (a new message went out within two intervals) an expiry where lateness is
+ * likely rides the stream's next datagram, so a path whose RTT jumps is not sent extra
+ * datagrams for what is only late; if none comes within min(rto, 2 intervals), the message
+ * is resent on its own after all. On a lossy path an expiry more likely means a loss, and a
+ * datagram of its own also gets past a burst sooner. */
+double rc_send_channel_expire(rc_send_channel *ch, double now, int lateness_likely)
 {
     uint16_t id, stop = window_end(ch);
     double earliest = -1.0;
+    int live = lateness_likely && ch->redundant && ch->last_new_at >= 0.0
+               && ch->stream_interval > 0.0 && now - ch->last_new_at <= 2.0 * ch->stream_interval;
     for (id = ch->oldest; id != stop; id++) {
         rc_out_msg *m = msg_at(ch, id);
         if (m->acked || !m->sent)
             continue;
-        if (now >= m->deadline) {
+        if (now >= m->deadline && m->overdue) {
+            /* The stream stopped before a datagram could carry it: resend it now. */
+            m->overdue = 0;
+            ch->overdue--;
+            m->deadline = now + m->rto;
+            if (!m->needs_write) {
+                m->needs_write = 1;
+                ch->unsent++;
+            }
+        } else if (now >= m->deadline) {
             if (m->resends < 0xFFFF)
                 m->resends++;
             ch->resends++;
@@ -234,7 +281,12 @@ double rc_send_channel_expire(rc_send_channel *ch, double now)
             m->deadline = now + m->rto;
             if (m->resends > ch->max_resends || m->rto > ch->rto_limit)
                 ch->failed = 1;
-            if (!m->needs_write) {
+            if (live && !m->needs_write) {
+                double ride = 2.0 * ch->stream_interval;
+                m->overdue = 1;
+                ch->overdue++;
+                m->deadline = now + (m->rto < ride ? m->rto : ride);
+            } else if (!m->needs_write) {
                 m->needs_write = 1;
                 ch->unsent++;
             }

@@ -1,6 +1,7 @@
 /* channel.h - the client's two reliable channels (PROTOCOL 12): reliable_ordered and
  * redundant send windows with a pending queue, RTO backoff and resend limits, redundant copies
- * under the adaptive policy (11.5, 12.4); and the ordered receive window (12.5).
+ * as the redundancy controller's mode says (11.5, 12.4, 14.5: link.h) and RTO resends riding a
+ * live stream (11.3); and the ordered receive window (12.5).
  * All storage is handed in by the connection (no allocation). */
 #ifndef RC_CHANNEL_H
 #define RC_CHANNEL_H
@@ -16,7 +17,10 @@ typedef struct rc_out_msg {
     uint32_t stamp;                 /* latest datagram that carried it */
     uint16_t length;                /* <= max_send_size < 16384 */
     uint16_t resends;               /* <= max_resends + 1 <= 10001 */
-    uint8_t needs_write, sent, acked, copies;
+    /* Bit-fields, so that an entry stays 40 bytes (window + send_queue of them per channel).
+     * overdue: the RTO expired on a live stream, and it rides the stream's next datagram. */
+    unsigned needs_write : 1, sent : 1, acked : 1, overdue : 1;
+    unsigned copies : 8;            /* copies since the last (re)send, up to 255 */
 } rc_out_msg;
 
 typedef struct rc_send_channel {
@@ -33,6 +37,11 @@ typedef struct rc_send_channel {
     uint32_t max_resends;
     double rto_limit;
     uint64_t messages_sent, resends, fast_resends, redundant_bytes;
+    /* The stream (redundant channels: where an RTO resend can ride): when the latest new
+     * message was first sent, the smoothed time between datagrams that carried new ones, and
+     * the messages waiting to ride the next one. */
+    double last_new_at, stream_interval;
+    uint32_t overdue;
 } rc_send_channel;
 
 /* msgs: window + send_queue entries. */
@@ -55,16 +64,21 @@ typedef void (*rc_unit_fn)(void *context, int channel, uint16_t msg_id);
 size_t rc_send_channel_write(rc_send_channel *ch, uint8_t *buf, size_t pos, size_t end,
                              double now, double rto, uint32_t stamp, rc_unit_fn unit,
                              void *context);
-/* Redundant copies (PROTOCOL 12.4, adaptive when max_copies > 0). */
+/* Redundant copies (PROTOCOL 12.4) when copies is set, and overdue messages whatever it is
+ * (their RTO resend riding the stream, 11.3). max_copies 0: every datagram until acked, the
+ * deadline left alone; else at most max_copies per (re)send, the first prompt_copies at once
+ * and the others once late_after has passed since the message was last written. */
 size_t rc_send_channel_write_copies(rc_send_channel *ch, uint8_t *buf, size_t pos, size_t end,
-                                    size_t budget, uint32_t stamp, uint32_t max_copies,
-                                    double now, double late_after, rc_unit_fn unit,
-                                    void *context);
+                                    size_t budget, uint32_t stamp, int copies,
+                                    uint32_t max_copies, uint32_t prompt_copies, double now,
+                                    double late_after, rc_unit_fn unit, void *context);
 void rc_send_channel_on_ack(rc_send_channel *ch, uint16_t msg_id);
 /* Ack-gap loss of the datagram with stamp (PROTOCOL 11.5). */
 void rc_send_channel_on_lost(rc_send_channel *ch, uint16_t msg_id, uint32_t stamp, double now);
-/* RTO expiries; returns the earliest deadline left (< 0: none). */
-double rc_send_channel_expire(rc_send_channel *ch, double now);
+/* RTO expiries; returns the earliest deadline left (< 0: none). lateness_likely (the
+ * controller says clean or congested): on a live stream an expired message is marked overdue
+ * instead of getting a datagram of its own (PROTOCOL 11.3). */
+double rc_send_channel_expire(rc_send_channel *ch, double now, int lateness_likely);
 double rc_send_channel_next_deadline(const rc_send_channel *ch);
 
 /* Receive side (reliable_ordered and redundant are the same, PROTOCOL 12.5). */

@@ -1068,6 +1068,8 @@ void relay_client_get_stats(const relay_client_t *client, relay_client_stats_t *
     stats->datagrams_dropped = conn.datagrams_dropped + client->datagrams_dropped;
     stats->events_dropped = client->events_dropped;
     stats->live_frames_dropped = client->live_frames_dropped;
+    stats->redundancy_mode = conn.redundancy_mode;
+    stats->burst_length = conn.burst_length;
 }
 
 uint32_t relay_client_next_frame_number(const relay_client_t *client)

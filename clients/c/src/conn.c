@@ -5,6 +5,7 @@
 #include "crypto.h"
 #include "fragment.h"
 #include "handshake.h"
+#include "link.h"
 #include "rtt.h"
 #include "seqbuf.h"
 #include "wire.h"
@@ -15,6 +16,9 @@
 #define RECEIVED_WINDOW 256u
 #define UNIT_CAPACITY 4096u
 #define ACK_WINDOW 32
+/* A packet is also judged once the peer acks one this many packets newer (and sent after the
+ * fixed reorder tolerance): the time window alone, 4 x RTTVAR, is wide on a jittery path. */
+#define REORDER_PACKETS 3
 #define SCRATCH_SIZE (16384u + 64u)
 #define ARENA_SLACK 32768u                  /* the largest fragment twice: rounding up and an early last one */
 #define CONTROL_WINDOW 16u
@@ -61,10 +65,10 @@ struct rc_conn {
     uint64_t unit_head;
     uint16_t highest_acked, loss_cursor, gap_cursor;
     int loss_cursor_set, gap_cursor_set;
-    uint32_t received_in_row;
     uint32_t stamp;
     double last_send, tokens, tokens_time;
     rc_rtt rtt;
+    rc_link link;                   /* the redundancy controller (PROTOCOL 14.5) */
 
     rc_send_channel send[RC_CHANNEL_COUNT];
     rc_recv_channel recv[RC_CHANNEL_COUNT];
@@ -113,6 +117,12 @@ void rc_conn_default_config(rc_conn_config *c)
     c->redundancy_copy_wait = 1.0;
     c->redundancy_loss_memory = 128;
     c->reorder_tolerance = 0.005;
+    c->burst_threshold = 0.2;
+    c->congestion_delay = 0.05;
+    c->congestion_hold = 5.0;
+    c->min_rtt_window = 10.0;
+    c->congested_copies = 0;
+    c->prompt_copies = 1;
     c->send_rate = 2000000.0;
     c->send_buffer = SEND_BUFFER_DEFAULT;
 }
@@ -152,6 +162,12 @@ int rc_conn_validate_config(const rc_conn_config *c)
     if (c->redundancy_loss_memory < 1 || c->redundancy_loss_memory > 65535)
         return -1;
     if (!(c->reorder_tolerance >= 0) || c->reorder_tolerance > 1)
+        return -1;
+    if (!(c->burst_threshold > 0) || !(c->burst_threshold < 1))
+        return -1;
+    if (!(c->congestion_delay > 0) || !(c->congestion_hold > 0) || !(c->min_rtt_window > 0))
+        return -1;
+    if (c->prompt_copies < 1 || c->prompt_copies > 16 || c->congested_copies > 16)
         return -1;
     if (!(c->send_rate > 0))
         return -1;
@@ -209,7 +225,7 @@ size_t rc_conn_memory_size(const rc_conn_config *config)
     return l.total;
 }
 
-static void reset_session(rc_conn *conn)
+static void reset_session(rc_conn *conn, double now)
 {
     int i;
     conn->session_id = 0;
@@ -230,9 +246,11 @@ static void reset_session(rc_conn *conn)
     conn->highest_acked = 65535;
     conn->loss_cursor = conn->gap_cursor = 0;
     conn->loss_cursor_set = conn->gap_cursor_set = 0;
-    conn->received_in_row = 0;
     conn->stamp = 0;
     rc_rtt_init(&conn->rtt, conn->config.rto_initial, conn->config.rto_min, conn->config.rto_max);
+    rc_link_init(&conn->link, conn->config.redundancy_loss_memory, conn->config.burst_threshold,
+                 conn->config.congestion_delay, conn->config.congestion_hold,
+                 conn->config.min_rtt_window, now);
     for (i = 0; i < RC_CHANNEL_COUNT; i++) {
         rc_send_channel_reset(&conn->send[i]);
         rc_recv_channel_reset(&conn->recv[i], &conn->arena);
@@ -277,7 +295,7 @@ rc_conn *rc_conn_init(void *memory, const rc_conn_config *config, const rc_conn_
     rc_block_recv_init(&conn->block, base + l.block, config->max_block_size, base + l.bitmap);
     conn->scratch = base + l.scratch;
     conn->state = RC_CLOSED;
-    reset_session(conn);
+    reset_session(conn, 0.0);
     return conn;
 }
 
@@ -357,7 +375,7 @@ int rc_conn_connect(rc_conn *conn, uint32_t connect_id, const uint8_t *token_pri
     if (rc_handshake_start(&conn->hs, connect_id, (uint16_t)ad_ms, token_private, token_length,
                            client_key, server_key) != 0)
         return -1;
-    reset_session(conn);
+    reset_session(conn, now);
     conn->token_mode = token_private != NULL;
     conn->state = RC_CONNECTING;
     conn->connect_started = now;
@@ -392,6 +410,10 @@ static void lost_units(rc_conn *conn, const sent_packet *p, double now)
     }
 }
 
+/* The peer holds ack: judge every older packet of ours sent more than the reorder window
+ * before it, or 3 packets older and sent more than reorder_tolerance before it (PROTOCOL 11.5).
+ * One not acked by now arrived after ack or never; each judgement goes to the controller in
+ * send order. */
 static void ack_gap(rc_conn *conn, uint16_t ack, double now)
 {
     double window = 4.0 * conn->rtt.rttvar;
@@ -408,15 +430,13 @@ static void ack_gap(rc_conn *conn, uint16_t ack, double now)
         uint16_t p = conn->gap_cursor;
         if (rc_seqbuf_contains(&conn->sent, p)) {
             sent_packet *sp = &conn->sent_packets[rc_seqbuf_index(&conn->sent, p)];
-            if (!(ack_time - sp->send_time > window))
+            double ahead = ack_time - sp->send_time;
+            if (!(ahead > window)
+                && (rc_seq_diff(ack, p) < REORDER_PACKETS || !(ahead > conn->config.reorder_tolerance)))
                 break;
-            if (sp->acked) {
-                if (conn->received_in_row < 0xFFFFFFFFu)
-                    conn->received_in_row++;
-            } else {
-                conn->received_in_row = 0;
+            rc_link_judged(&conn->link, !sp->acked);
+            if (!sp->acked)
                 lost_units(conn, sp, now);
-            }
         }
         conn->gap_cursor++;
     }
@@ -465,8 +485,10 @@ static void process_acks(rc_conn *conn, const rc_data_header *h, double now)
     }
     if (h->ack_bits & 1u) {
         double sample = (double)(uint16_t)(ms16(now) - h->echo_time) / 1000.0;
-        if (sample < 60.0)
+        if (sample < 60.0) {
             rc_rtt_sample(&conn->rtt, sample, conn->peer_ack_delay);
+            rc_link_rtt(&conn->link, sample, conn->rtt.srtt, now);
+        }
         ack_gap(conn, h->ack, now);
     }
     judge_loss(conn, h->ack);
@@ -736,7 +758,7 @@ void rc_conn_receive(rc_conn *conn, const uint8_t *data, size_t length, double n
 
 void rc_conn_handle_timeout(rc_conn *conn, double now)
 {
-    int i;
+    int i, mode, lateness_likely;
     if (!conn)
         return;
     conn->last_now = now;
@@ -753,8 +775,12 @@ void rc_conn_handle_timeout(rc_conn *conn, double now)
             begin_disconnect(conn, RC_REASON_TIMEOUT, "timeout");
             return;
         }
+        /* An expiry on a path without recent loss, or with a filling queue, is more likely a
+         * late ack than a lost message. */
+        mode = rc_link_update(&conn->link, now);
+        lateness_likely = mode == RC_LINK_CLEAN || mode == RC_LINK_CONGESTED;
         for (i = 0; i < RC_CHANNEL_COUNT; i++) {
-            rc_send_channel_expire(&conn->send[i], now);
+            rc_send_channel_expire(&conn->send[i], now, lateness_likely);
             if (conn->send[i].failed) {
                 begin_disconnect(conn, RC_REASON_RESEND_LIMIT, "resend_limit");
                 return;
@@ -773,11 +799,6 @@ static int window_open(const rc_conn *conn, double now)
         return 1;
     reopen = conn->rtt.has_sample ? conn->rtt.srtt / 32.0 : conn->rtt.rto;
     return now >= conn->last_send + reopen;
-}
-
-static int copies_wanted(const rc_conn *conn)
-{
-    return conn->received_in_row < conn->config.redundancy_loss_memory;
 }
 
 double rc_conn_next_timeout(const rc_conn *conn)
@@ -837,6 +858,15 @@ static size_t build_data(rc_conn *conn, uint8_t *out, double now)
     uint32_t stamp = ++conn->stamp;
     uint64_t unit_start = conn->unit_head;
     int i, open = window_open(conn, now);
+    /* As the controller's mode says (PROTOCOL 12.4, 14.5): no copies on a clean path; on a
+     * lossy one a bounded number per message, the first prompt_copies at once and the others
+     * only where an ack is overdue; on a bursty one every datagram until acked (max 0); on a
+     * congested one congested_copies (0: none). */
+    int mode = rc_link_update(&conn->link, now);
+    int copies = mode != RC_LINK_CLEAN
+                 && (mode != RC_LINK_CONGESTED || conn->config.congested_copies > 0);
+    uint32_t max_copies = mode == RC_LINK_LOSSY ? conn->config.redundancy_copies
+                        : mode == RC_LINK_CONGESTED ? conn->config.congested_copies : 0;
     sent_packet *sp;
     if (open)
         for (i = 0; i < RC_CHANNEL_COUNT; i++)
@@ -846,14 +876,16 @@ static size_t build_data(rc_conn *conn, uint8_t *out, double now)
         int wrote_messages = pos > RC_DATA_HEADER_SIZE;
         pos = rc_block_recv_write_ack(&conn->block, out, pos, end);
         refill(conn, now);
-        if (wrote_messages && conn->tokens > 0 && copies_wanted(conn)) {
+        /* Copies ride only with new or resent messages (on an ack-only datagram they would make
+         * the peer ack back), and overdue messages ride whatever the mode. */
+        if (wrote_messages && conn->tokens > 0 && (copies || conn->send[RC_STREAM].overdue > 0)) {
             double late = conn->rtt.has_sample
                 ? conn->config.redundancy_copy_wait * conn->rtt.srtt + conn->peer_ack_delay
                 : conn->config.redundancy_copy_wait * conn->rtt.rto;
             uint64_t before = conn->send[RC_STREAM].redundant_bytes;
             pos = rc_send_channel_write_copies(&conn->send[RC_STREAM], out, pos, end,
-                                               conn->config.redundancy_budget, stamp,
-                                               conn->config.redundancy_copies, now, late,
+                                               conn->config.redundancy_budget, stamp, copies,
+                                               max_copies, conn->config.prompt_copies, now, late,
                                                record_unit, conn);
             conn->stats.redundant_bytes += conn->send[RC_STREAM].redundant_bytes - before;
         }
@@ -996,6 +1028,8 @@ void rc_conn_get_stats(const rc_conn *conn, rc_conn_stats *stats)
     stats->rtt = conn->rtt.srtt;
     stats->rtt_variance = conn->rtt.rttvar;
     stats->rto = conn->rtt.rto;
+    stats->burst_length = rc_link_burst_length(&conn->link);
+    stats->redundancy_mode = conn->link.mode;
     stats->messages_sent = 0;
     stats->resends = 0;
     for (i = 0; i < RC_CHANNEL_COUNT; i++) {

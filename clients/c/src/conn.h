@@ -31,12 +31,19 @@ typedef struct rc_conn_config {
     uint32_t max_block_size;        /* largest block accepted (8 MiB) */
     uint32_t send_queue;            /* messages per channel waiting behind the window (1024) */
     uint32_t max_send_size;         /* largest message sent; never fragmented (<= mtu - 25 - 16) */
-    /* redundancy (PROTOCOL 12.4), defaults as relay_core's, budget 1200 as the Python SDK */
+    /* redundancy (PROTOCOL 12.4, 14.5), defaults as relay_core's, budget 1200 as the Python SDK */
     uint32_t redundancy_budget;     /* 1200 */
-    uint32_t redundancy_copies;     /* 4 */
-    double redundancy_copy_wait;    /* 1.0 */
-    uint32_t redundancy_loss_memory;/* 128 */
+    uint32_t redundancy_copies;     /* 4: lossy mode, most copies per (re)send */
+    double redundancy_copy_wait;    /* 1.0: lossy mode, later copies wait this many SRTTs */
+    uint32_t redundancy_loss_memory;/* 128: clean after this many judged received in a row */
     double reorder_tolerance;       /* 0.005 */
+    double burst_threshold;         /* 0.2: bursty once loss after a loss exceeds loss by this */
+    double congestion_delay;        /* 0.05: a sample this far over the RTT floor (and over the
+                                     * floor itself) is high; two in a row: congested */
+    double congestion_hold;         /* 5.0: congested this long after the last high sample */
+    double min_rtt_window;          /* 10.0: the RTT floor spans this window and the previous one */
+    uint32_t congested_copies;      /* 0: congested mode, most copies per (re)send (0: none) */
+    uint32_t prompt_copies;         /* 1: copies sent at once, before an ack could be back */
     double send_rate;               /* pacing, bytes/s (2000000) */
     uint32_t send_buffer;           /* payload bytes held per channel for queued/unacked messages (32768) */
 } rc_conn_config;
@@ -68,6 +75,8 @@ typedef struct rc_conn_stats {
     uint64_t packets_sent, packets_received, bytes_sent, bytes_received;
     uint64_t packets_acked, packets_lost, messages_sent, messages_received, resends;
     uint64_t redundant_bytes, duplicate_messages, datagrams_dropped;
+    double burst_length;            /* mean run of lost datagrams the acks imply (PROTOCOL 14.5) */
+    int redundancy_mode;            /* RC_LINK_* (link.h): 0 clean, 1 lossy, 2 bursty, 3 congested */
 } rc_conn_stats;
 
 typedef struct rc_conn rc_conn;

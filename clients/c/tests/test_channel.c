@@ -92,16 +92,16 @@ static void test_rto_backs_off_and_fails_past_max_resends(void)
     rc_send_channel_queue(&ch, (const uint8_t *)"m", 1);
     rc_send_channel_write(&ch, buf, 20, sizeof buf, t, 0.2, 1, count_unit, NULL);
     CHECK(rc_send_channel_next_deadline(&ch) > 0.199 && rc_send_channel_next_deadline(&ch) < 0.201);
-    rc_send_channel_expire(&ch, 0.1);
+    rc_send_channel_expire(&ch, 0.1, 0);
     CHECK(!rc_send_channel_has_unsent(&ch));
     t = 0.2;
-    rc_send_channel_expire(&ch, t);
+    rc_send_channel_expire(&ch, t, 0);
     CHECK(rc_send_channel_has_unsent(&ch) && ch.resends == 1);
     CHECK(msgs[0].rto > 0.299 && msgs[0].rto < 0.301);
     for (i = 0; i < 3 && !ch.failed; i++) {
         rc_send_channel_write(&ch, buf, 20, sizeof buf, t, 0.2, (uint32_t)(2 + i), count_unit, NULL);
         t = rc_send_channel_next_deadline(&ch);
-        rc_send_channel_expire(&ch, t);
+        rc_send_channel_expire(&ch, t, 0);
     }
     CHECK(ch.failed && ch.resends == 4);
 }
@@ -119,16 +119,16 @@ static void test_copies_go_newest_first_within_the_budget_and_are_bounded(void)
     rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.0, 0.2, 1, count_unit, NULL);
     rc_send_channel_queue(&ch, src, 10);
     end = rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.01, 0.2, 2, count_unit, NULL);
-    end = rc_send_channel_write_copies(&ch, buf, end, sizeof buf, 3 * 14, 2, 4, 0.01, 1.0,
+    end = rc_send_channel_write_copies(&ch, buf, end, sizeof buf, 3 * 14, 2, 1, 4, 1, 0.01, 1.0,
                                        count_unit, NULL);
     CHECK(ids(buf, end, got) == 4 && got[0] == 5 && got[1] == 2 && got[2] == 3 && got[3] == 4);
     CHECK(ch.redundant_bytes == 3 * 14);
     /* second copy of 2..4 waits for late_after; 0, 1 get their first */
-    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 3, 4, 0.02, 1.0, count_unit, NULL);
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 3, 1, 4, 1, 0.02, 1.0, count_unit, NULL);
     CHECK(ids(buf, end, got) == 3 && got[0] == 0 && got[1] == 1 && got[2] == 5);
-    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 4, 4, 2.0, 1.0, count_unit, NULL);
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 4, 1, 4, 1, 2.0, 1.0, count_unit, NULL);
     CHECK(ids(buf, end, got) == 6);
-    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 5, 2, 3.0, 1.0, count_unit, NULL);
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 5, 1, 2, 1, 3.0, 1.0, count_unit, NULL);
     CHECK(ids(buf, end, got) == 0);                /* max copies reached */
 }
 
@@ -139,7 +139,7 @@ static void test_ack_gap_resends_only_from_the_latest_carrier(void)
     make(&ch, 1, 16, 8);
     rc_send_channel_queue(&ch, src, 4);
     rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.0, 0.2, 7, count_unit, NULL);
-    rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 8, 4, 0.0, 0.0, count_unit, NULL);
+    rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 8, 1, 4, 1, 0.0, 0.0, count_unit, NULL);
     rc_send_channel_on_lost(&ch, 0, 7, 0.1);       /* a later datagram (8) carried a copy */
     CHECK(!rc_send_channel_has_unsent(&ch));
     rc_send_channel_on_lost(&ch, 0, 8, 0.1);
@@ -165,6 +165,37 @@ static void test_byte_ring_wraps_and_refuses_when_full(void)
     rc_send_channel_on_ack(&ch, 1);
     rc_send_channel_on_ack(&ch, 2);
     CHECK(rc_send_channel_queue(&ch, src, 60) == 0);
+}
+
+static void test_prompt_copies_and_what_a_copy_does_to_the_deadline(void)
+{
+    rc_send_channel ch;
+    uint8_t buf[1200];
+    uint16_t got[8];
+    size_t end;
+    make(&ch, 1, 16, 8);
+    rc_send_channel_queue(&ch, src, 4);
+    rc_send_channel_write(&ch, buf, 20, sizeof buf, 0.0, 0.2, 1, count_unit, NULL);
+    /* copies off: nothing, whatever the limits */
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 2, 0, 0, 1, 0.01, 1.0,
+                                       count_unit, NULL);
+    CHECK(ids(buf, end, got) == 0);
+    /* lossy, prompt_copies 2: two copies at once, the third waits for late_after; each copy
+     * restarts the RTO deadline */
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 3, 1, 4, 2, 0.01, 1.0,
+                                       count_unit, NULL);
+    CHECK(ids(buf, end, got) == 1 && msgs[0].deadline > 0.2099 && msgs[0].deadline < 0.2101);
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 4, 1, 4, 2, 0.02, 1.0,
+                                       count_unit, NULL);
+    CHECK(ids(buf, end, got) == 1);
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 5, 1, 4, 2, 0.03, 1.0,
+                                       count_unit, NULL);
+    CHECK(ids(buf, end, got) == 0);
+    /* bursty (max_copies 0): every datagram, and the deadline stays where it was */
+    end = rc_send_channel_write_copies(&ch, buf, 20, sizeof buf, 1200, 6, 1, 0, 1, 0.1, 1.0,
+                                       count_unit, NULL);
+    CHECK(ids(buf, end, got) == 1 && msgs[0].deadline > 0.2199 && msgs[0].deadline < 0.2201);
+    CHECK(ch.redundant_bytes == 3 * 8 && ch.overdue == 0);
 }
 
 /* -- receive -- */
@@ -221,6 +252,7 @@ int main(void)
     test_rto_backs_off_and_fails_past_max_resends();
     test_copies_go_newest_first_within_the_budget_and_are_bounded();
     test_ack_gap_resends_only_from_the_latest_carrier();
+    test_prompt_copies_and_what_a_copy_does_to_the_deadline();
     test_byte_ring_wraps_and_refuses_when_full();
     test_receive_window_delivers_in_order_once();
     if (failures)

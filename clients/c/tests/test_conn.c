@@ -1,8 +1,10 @@
 /* test_conn.c - the connection state machine against a scripted server built with the wire
  * codec: handshake, acks, duplicates, refused records, ack scheduling, heartbeats, timeouts,
- * disconnects, REFUSE, PATH_CHALLENGE, sealed sessions, malformed input. */
+ * disconnects, REFUSE, PATH_CHALLENGE, sealed sessions, malformed input; ack-gap judgement and
+ * what each mode of the redundancy controller writes (PROTOCOL 11.3, 11.5, 12.4, 14.5). */
 #include "conn.h"
 #include "crypto.h"
+#include "link.h"
 #include "wire.h"
 
 #include <stdio.h>
@@ -48,12 +50,9 @@ typedef struct fixture {
     uint64_t base_dropped;          /* drops during the handshake (the repeated CHALLENGE) */
 } fixture;
 
-static void setup(fixture *f, double peer_timeout)
+static void setup_with(fixture *f, const rc_conn_config *config)
 {
-    rc_conn_config config;
     rc_conn_handler handler;
-    rc_conn_default_config(&config);
-    config.peer_timeout = peer_timeout;
     memset(&f->ev, 0, sizeof f->ev);
     f->base_dropped = 0;
     handler.context = &f->ev;
@@ -61,8 +60,16 @@ static void setup(fixture *f, double peer_timeout)
     handler.on_message = on_message;
     handler.on_block = on_block;
     handler.on_disconnected = on_disconnected;
-    f->memory = malloc(rc_conn_memory_size(&config));
-    f->conn = rc_conn_init(f->memory, &config, &handler);
+    f->memory = malloc(rc_conn_memory_size(config));
+    f->conn = rc_conn_init(f->memory, config, &handler);
+}
+
+static void setup(fixture *f, double peer_timeout)
+{
+    rc_conn_config config;
+    rc_conn_default_config(&config);
+    config.peer_timeout = peer_timeout;
+    setup_with(f, &config);
 }
 
 static uint64_t dropped(fixture *f);
@@ -328,6 +335,234 @@ static void test_config_validation_and_memory(void)
     rc_conn_default_config(&c);
     c.mtu = 500;
     CHECK(rc_conn_validate_config(&c) == -1);
+    /* The controller's settings, in relay_core's ranges. */
+    rc_conn_default_config(&c);
+    CHECK(c.burst_threshold == 0.2 && c.congestion_delay == 0.05 && c.congestion_hold == 5.0);
+    CHECK(c.min_rtt_window == 10.0 && c.congested_copies == 0 && c.prompt_copies == 1);
+    c.congested_copies = 16;
+    c.prompt_copies = 16;
+    CHECK(rc_conn_validate_config(&c) == 0);
+#define REFUSED(field, value) do { rc_conn_default_config(&c); c.field = value; \
+        CHECK(rc_conn_validate_config(&c) == -1); } while (0)
+    REFUSED(burst_threshold, 0.0);
+    REFUSED(burst_threshold, 1.0);
+    REFUSED(congestion_delay, 0.0);
+    REFUSED(congestion_hold, 0.0);
+    REFUSED(min_rtt_window, -1.0);
+    REFUSED(congested_copies, 17);
+    REFUSED(prompt_copies, 0);
+    REFUSED(prompt_copies, 17);
+    REFUSED(redundancy_loss_memory, 0);
+#undef REFUSED
+}
+
+/* -- ack gaps and the redundancy controller ---------------------------------------------- */
+
+/* The ids of the stream MESSAGE records in the client's datagram f->out[0..n). */
+static int stream_ids(const fixture *f, size_t n, uint16_t *out, int cap)
+{
+    size_t pos = RC_DATA_HEADER_SIZE, after;
+    rc_record r;
+    int count = 0;
+    while (pos < n && rc_record_parse(f->out, pos, n, &r, &after) == RC_OK) {
+        if (r.kind == RC_RK_MESSAGE && r.channel == RC_STREAM && count < cap)
+            out[count++] = r.msg_id;
+        pos = after;
+    }
+    return count;
+}
+
+static int has_id(const uint16_t *ids, int count, uint16_t id)
+{
+    int i;
+    for (i = 0; i < count; i++)
+        if (ids[i] == id)
+            return 1;
+    return 0;
+}
+
+/* Queues stream message id and returns the length of the datagram sent at t. */
+static size_t stream(fixture *f, uint16_t id, double t)
+{
+    uint8_t payload[8] = { 0 };
+    payload[0] = (uint8_t)id;
+    payload[1] = (uint8_t)(id >> 8);
+    CHECK(rc_conn_send(f->conn, RC_STREAM, payload, sizeof payload) == 0);
+    return next(f, t);
+}
+
+/* A server DATA packet with no records (so the client owes no ack) acking our packet ack - i
+ * for each bit i; its echo_time says ack was sent at echo_sent: the RTT sample is about
+ * now - echo_sent. */
+static void server_ack(fixture *f, uint16_t seq, uint16_t ack, uint32_t bits, double echo_sent,
+                       double now)
+{
+    uint8_t p[RC_DATA_HEADER_SIZE];
+    rc_data_header h;
+    h.session_id = SID;
+    h.seq = seq;
+    h.ack = ack;
+    h.ack_bits = bits;
+    h.send_time = 0;
+    h.echo_time = (uint16_t)(uint32_t)(echo_sent * 1000.0 + 0.5);
+    rc_data_header_write(p, &h);
+    rc_conn_receive(f->conn, p, sizeof p, now);
+}
+
+static rc_conn_stats stats_of(const fixture *f)
+{
+    rc_conn_stats s;
+    rc_conn_get_stats(f->conn, &s);
+    return s;
+}
+
+static void test_a_new_connection_is_lossy_and_copies_promptly(void)
+{
+    fixture f;
+    uint16_t ids[8];
+    size_t n;
+    setup(&f, 10.0);
+    handshake(&f, NULL, 0, NULL, NULL);
+    CHECK(stats_of(&f).redundancy_mode == RC_LINK_LOSSY && stats_of(&f).burst_length == 1.0);
+    CHECK(stream(&f, 0, 0.2) > 0);
+    n = stream(&f, 1, 0.21);
+    CHECK(stream_ids(&f, n, ids, 8) == 2 && ids[0] == 1 && ids[1] == 0);   /* new, then the copy */
+    n = stream(&f, 2, 0.22);                /* 0's second copy waits until its ack is overdue */
+    CHECK(stream_ids(&f, n, ids, 8) == 2 && ids[0] == 2 && ids[1] == 1);
+    CHECK(stats_of(&f).redundant_bytes == 2 * (4 + 8));
+    free(f.memory);
+}
+
+static void test_ack_gap_judges_a_packet_three_packets_older(void)
+{
+    fixture f;
+    uint16_t ids[8];
+    size_t n;
+    int k;
+    setup(&f, 10.0);
+    handshake(&f, NULL, 0, NULL, NULL);
+    /* Datagram k carries message k and a prompt copy of k - 1. */
+    for (k = 0; k < 5; k++)
+        CHECK(stream(&f, (uint16_t)k, 0.2 + 0.01 * k) > 0);
+    /* Packet 2 acked with a 100 ms RTT: the reorder window, 4 x RTTVAR, is 200 ms. Packets 0
+     * and 1 are only 1 and 2 packets older: not judged, nothing resent. */
+    server_ack(&f, 0, 2, 1u, 0.22, 0.32);
+    CHECK(next(&f, 0.32) == 0);
+    /* Packet 4 (and 3, 2): packets 0 and 1 are 3 and more older and were sent more than
+     * reorder_tolerance before it, so they are judged lost although within the window; 1 was
+     * message 0's latest carrier, so message 0 is resent at once. Packet 2 waits. */
+    server_ack(&f, 1, 4, 7u, 0.24, 0.34);
+    n = next(&f, 0.34);
+    CHECK(n > 0 && stream_ids(&f, n, ids, 8) == 1 && ids[0] == 0);
+    CHECK(stats_of(&f).redundancy_mode == RC_LINK_LOSSY);
+    free(f.memory);
+
+    /* Packets of one burst never judge each other, however many apart. */
+    setup(&f, 10.0);
+    handshake(&f, NULL, 0, NULL, NULL);
+    for (k = 0; k < 4; k++)
+        CHECK(stream(&f, (uint16_t)k, 0.2) > 0);
+    server_ack(&f, 0, 3, 1u, 0.2, 0.3);
+    CHECK(next(&f, 0.3) == 0);
+    free(f.memory);
+}
+
+static void test_a_clean_stream_carries_rto_expiries_and_resends_once_it_stops(void)
+{
+    fixture f;
+    rc_conn_config config;
+    uint16_t ids[8];
+    size_t n;
+    uint64_t sent;
+    double t, t10 = 0.7, t11 = 0.75;
+    int k, steps;
+    rc_conn_default_config(&config);
+    config.redundancy_loss_memory = 4;
+    setup_with(&f, &config);
+    handshake(&f, NULL, 0, NULL, NULL);
+    /* A 20 Hz stream over a 20 ms path, every datagram acked: clean after 4 judged. */
+    for (k = 0; k < 10; k++) {
+        t = 0.2 + 0.05 * k;
+        CHECK(stream(&f, (uint16_t)k, t) > 0);
+        server_ack(&f, (uint16_t)k, (uint16_t)k, (2u << k) - 1u, t, t + 0.02);
+    }
+    rc_conn_handle_timeout(f.conn, 0.68);
+    CHECK(stats_of(&f).redundancy_mode == RC_LINK_CLEAN && stats_of(&f).redundant_bytes == 0);
+    sent = stats_of(&f).packets_sent;
+    /* The acks stop coming (the RTT jumps): message 10's RTO expires while the stream is live.
+     * It is only marked overdue; no datagram of its own. */
+    n = stream(&f, 10, t10);
+    CHECK(stream_ids(&f, n, ids, 8) == 1 && ids[0] == 10);
+    t = rc_conn_next_timeout(f.conn);
+    CHECK(t > t10 + 0.029 && t < t10 + 0.045);
+    CHECK(next(&f, t) == 0 && stats_of(&f).resends == 1);
+    /* It rides the stream's next datagram, as a resend, not a copy. */
+    n = stream(&f, 11, t11);
+    CHECK(stream_ids(&f, n, ids, 8) == 2 && has_id(ids, 2, 10) && has_id(ids, 2, 11));
+    CHECK(stats_of(&f).packets_sent == sent + 2 && stats_of(&f).redundant_bytes == 0);
+    /* The stream stops. The expiries that follow are marked overdue too, and the first that no
+     * datagram carried within min(rto, 2 x interval) is resent in a datagram of its own (with
+     * the other overdue one riding along). */
+    n = 0;
+    for (steps = 0; n == 0 && steps < 10; steps++) {
+        t = rc_conn_next_timeout(f.conn);
+        n = next(&f, t);
+    }
+    CHECK(n > 0 && t > t11 + 0.07 && t < t11 + 0.1);
+    CHECK(stream_ids(&f, n, ids, 8) == 2 && has_id(ids, 2, 11) && has_id(ids, 2, 10));
+    CHECK(stats_of(&f).resends == 3);
+    /* The stream is dead now (nothing new within two intervals): an expiry is resent at once. */
+    t = rc_conn_next_timeout(f.conn);
+    n = next(&f, t);
+    CHECK(n > 0 && stream_ids(&f, n, ids, 8) == 1 && ids[0] == 11);
+    CHECK(stats_of(&f).resends == 4 && stats_of(&f).redundancy_mode == RC_LINK_CLEAN);
+    free(f.memory);
+}
+
+static void test_runs_of_losses_copy_every_unacked_message_into_every_datagram(void)
+{
+    fixture f;
+    uint16_t ids[16];
+    size_t n;
+    int k;
+    setup(&f, 10.0);
+    handshake(&f, NULL, 0, NULL, NULL);
+    for (k = 0; k < 8; k++)
+        CHECK(stream(&f, (uint16_t)k, 0.2 + 0.01 * k) > 0);
+    /* Packets 3 and 4 lost together: judged received, received, received, lost, lost. */
+    server_ack(&f, 0, 7, 0xE7u, 0.27, 0.3);
+    n = stream(&f, 8, 0.31);                /* 3 (its latest carrier was 4) resent at once */
+    CHECK(stream_ids(&f, n, ids, 16) == 2 && ids[0] == 3 && ids[1] == 8);
+    CHECK(stats_of(&f).redundancy_mode == RC_LINK_BURSTY && stats_of(&f).burst_length > 1.5);
+    n = stream(&f, 9, 0.31);
+    CHECK(stream_ids(&f, n, ids, 16) == 3 && ids[0] == 9 && has_id(ids, 3, 3) && has_id(ids, 3, 8));
+    n = stream(&f, 10, 0.31);               /* lossy would stop at one prompt copy each */
+    CHECK(stream_ids(&f, n, ids, 16) == 4 && ids[0] == 10 && has_id(ids, 4, 3) && has_id(ids, 4, 8)
+          && has_id(ids, 4, 9));
+    free(f.memory);
+}
+
+static void test_a_filling_queue_stops_copies(void)
+{
+    fixture f;
+    uint16_t ids[8];
+    size_t n;
+    setup(&f, 10.0);
+    handshake(&f, NULL, 0, NULL, NULL);
+    CHECK(stream(&f, 0, 0.2) > 0);
+    n = stream(&f, 1, 0.2);
+    CHECK(stream_ids(&f, n, ids, 8) == 2);                     /* lossy: a prompt copy */
+    server_ack(&f, 0, 1, 3u, 0.2, 0.22);                        /* the floor: 20 ms */
+    /* Two samples in a row 200 ms above it. */
+    CHECK(stream(&f, 2, 0.3) > 0);
+    server_ack(&f, 1, 2, 7u, 0.1, 0.32);
+    CHECK(stream(&f, 3, 0.35) > 0);
+    server_ack(&f, 2, 3, 15u, 0.15, 0.37);
+    CHECK(stream(&f, 4, 0.4) > 0);
+    n = stream(&f, 5, 0.4);
+    CHECK(stream_ids(&f, n, ids, 8) == 1 && ids[0] == 5);      /* congested_copies 0: none */
+    CHECK(stats_of(&f).redundancy_mode == RC_LINK_CONGESTED);
+    free(f.memory);
 }
 
 int main(void)
@@ -343,6 +578,11 @@ int main(void)
     test_sealed_session_round_trip_and_forgery();
     test_token_mode_rejects_an_untagged_accept();
     test_config_validation_and_memory();
+    test_a_new_connection_is_lossy_and_copies_promptly();
+    test_ack_gap_judges_a_packet_three_packets_older();
+    test_a_clean_stream_carries_rto_expiries_and_resends_once_it_stops();
+    test_runs_of_losses_copy_every_unacked_message_into_every_datagram();
+    test_a_filling_queue_stops_copies();
     if (failures)
         printf("%d failure(s)\n", failures);
     return failures != 0;

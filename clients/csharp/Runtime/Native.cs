@@ -76,6 +76,22 @@ namespace Relay.Client
         Reconnect = 3,
     }
 
+    /// <summary>relay_link_mode_t: the redundancy controller's reading of the path
+    /// (docs/PROTOCOL.md 14.5), which sets how many copies of each unacknowledged input ride
+    /// later datagrams.</summary>
+    public enum RelayLinkMode
+    {
+        /// <summary>No recent loss: each message sent once.</summary>
+        Clean = 0,
+        /// <summary>Independent losses: a copy in the next datagram, more only where an ack is
+        /// overdue (a new connection starts here).</summary>
+        Lossy = 1,
+        /// <summary>Losses in runs: every datagram carries every unacknowledged message.</summary>
+        Bursty = 2,
+        /// <summary>The RTT stands above the path's floor (a filling queue): no copies.</summary>
+        Congested = 3,
+    }
+
     /// <summary>relay_client_config_t. Get one from <see cref="Default"/> and change fields.
     /// The allocator and randomness hooks are C function pointers: leave them IntPtr.Zero
     /// (malloc/free and the OS random source), or set them to native functions.</summary>
@@ -144,6 +160,14 @@ namespace Relay.Client
         public ulong DatagramsDropped;
         public ulong EventsDropped;
         public ulong LiveFramesDropped;
+        private int redundancyMode;
+        private uint reserved;           // explicit padding in C too
+        /// <summary>Mean run of our datagrams lost together, as the acks show it (1.0: losses
+        /// independent of each other).</summary>
+        public double BurstLength;
+
+        /// <summary>How the input stream copies now (redundancy_mode).</summary>
+        public RelayLinkMode RedundancyMode { get { return (RelayLinkMode)redundancyMode; } }
     }
 
     /// <summary>relay_frame_t.</summary>
@@ -240,7 +264,7 @@ namespace Relay.Client
         public const string Library = "relay_client";
 #endif
 
-        public const int VersionMajor = 1;
+        public const int VersionMajor = 2;
         public const int VersionMinor = 0;
         public const int MaxName = 64;
         public const int MaxSlots = 256;

@@ -111,6 +111,7 @@ static class ApiCheck
         Expect(client.ReportChecksum(0, 0xFFFFFFFFFFFFFFFFUL) == 0, "checksum");
         RelayStats stats = client.Stats;
         Expect(stats.Rtt == 0.25 && stats.LiveFramesDropped == 1, "stats");
+        Expect(stats.RedundancyMode == RelayLinkMode.Bursty && stats.BurstLength == 2.5, "stats: link");
         Expect(client.NextDatagram(new byte[1200], RelayClient.Time) == 0, "no datagram");
         try
         {

@@ -99,6 +99,7 @@ int relay_client_send_input_for(relay_client_t *c, uint32_t f, const uint8_t *p,
 int relay_client_report_checksum(relay_client_t *c, uint32_t f, uint64_t v) { (void)c; (void)f; (void)v; return 0; }
 void relay_client_get_stats(const relay_client_t *c, relay_client_stats_t *s) {
     memset(s, 0, sizeof *s); s->rtt = 0.25; s->live_frames_dropped = c->taken;
+    s->redundancy_mode = RELAY_LINK_BURSTY; s->burst_length = 2.5;
 }
 uint32_t relay_client_next_frame_number(const relay_client_t *c) { return c->taken; }
 int64_t relay_client_have(const relay_client_t *c) { return (int64_t)c->available - 1; }

@@ -573,7 +573,8 @@ static class Bot
             "packets_received", "PacketsReceived", "bytes_sent", "BytesSent", "bytes_received", "BytesReceived",
             "frames_received", "FramesReceived", "frames_duplicate", "FramesDuplicate",
             "blocks_received", "BlocksReceived", "datagrams_dropped", "DatagramsDropped",
-            "events_dropped", "EventsDropped", "live_frames_dropped", "LiveFramesDropped"));
+            "events_dropped", "EventsDropped", "live_frames_dropped", "LiveFramesDropped",
+            "redundancy_mode", "redundancyMode", "reserved", "reserved", "burst_length", "BurstLength"));
         b.Append(", \"relay_frame_t\": ").Append(Layout(typeof(RelayFrame),
             "number", "number", "slot_count", "slotCount", "event_count", "eventCount"));
         b.Append(", \"relay_frame_event_t\": ").Append(Layout(typeof(RelayFrameEvent),
