@@ -3,7 +3,7 @@ import importlib.machinery
 
 import pytest
 
-CORE_MODULES = ["wire", "seqbuf", "rtt", "fragment", "channel", "block", "peer", "endpoint"]
+CORE_MODULES = ["wire", "seqbuf", "rtt", "redundancy", "fragment", "channel", "block", "peer", "endpoint"]
 
 
 @pytest.mark.parametrize("name", CORE_MODULES)

@@ -131,7 +131,7 @@ runpy.run_path("setup.py", run_name="__main__")
 # Run inside the sanitized environment: where every extension came from and what is mapped.
 ENV_CHECK = '''
 import importlib, importlib.machinery, json, sys
-names = ["relay_core." + n for n in ("wire", "seqbuf", "rtt", "fragment", "channel", "block",
+names = ["relay_core." + n for n in ("wire", "seqbuf", "rtt", "redundancy", "fragment", "channel", "block",
                                         "peer", "endpoint")] + [
     "relay._batchio", "relay.frames", "relay.server.timing", "relay.server.inputs", "relay.server.room"]
 files = {name: importlib.import_module(name).__file__ for name in names}
