@@ -697,13 +697,26 @@ def markdown_report(meta: dict, results: Sequence[dict], targets: Sequence[dict]
     return "\n".join(lines) + "\n"
 
 
+def _pyplot():
+    """(matplotlib, pyplot, ticker) on the file-only Agg backend; ImportError without it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+    return matplotlib, plt, ticker
+
+
+def _log_ticks(axis, ticker) -> None:
+    """Plain-number ticks at 1, 2 and 5 per decade on a log axis, no minor labels."""
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
 def write_plots(out: Path, results: Sequence[dict]) -> list[str]:
     """PNG plots if matplotlib is installed; returns the files written (or a note why not)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib import ticker
+        matplotlib, plt, ticker = _pyplot()
     except ImportError as exc:
         return [f"(no plots: matplotlib not importable: {exc})"]
     written = []
@@ -738,9 +751,7 @@ def write_plots(out: Path, results: Sequence[dict]) -> list[str]:
                     ax.plot(xs, [math.nan if y is None else y for y in ys], linestyle="--",
                             color="black", label="redundancy limit")
                 ax.set_yscale("log")
-                ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+                _log_ticks(ax.yaxis, ticker)
             ax.set_title(f"{link} link: {LINKS[link].description}", fontsize=9)
             ax.set_xlabel("loss per direction (%)")
             ax.set_ylabel(ylabel)
@@ -798,10 +809,7 @@ def write_scenario_plots(out: Path, results: Sequence[dict]) -> list[str]:
     byte per scenario and protocol (``loss_scenarios_wire.svg``). Returns the files written (or
     a note why not)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib import ticker
+        matplotlib, plt, ticker = _pyplot()
     except ImportError as exc:
         return [f"(no plots: matplotlib not importable: {exc})"]
     matplotlib.rcParams["svg.hashsalt"] = "loss_latency"      # the same file for the same data
@@ -833,9 +841,7 @@ def write_scenario_plots(out: Path, results: Sequence[dict]) -> list[str]:
             ax.plot([values[k] for k in ranks], [(k + 1) / n for k in ranks], color=color,
                     linestyle=style, linewidth=1.3, label=label)
         ax.set_xscale("log")
-        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        _log_ticks(ax.xaxis, ticker)
         ax.set_ylim(0.9, 1.0005)
         ax.axhline(0.99, color="gray", linewidth=0.6, alpha=0.6)
         ax.set_title(result["scenario"], fontsize=10)
@@ -845,7 +851,7 @@ def write_scenario_plots(out: Path, results: Sequence[dict]) -> list[str]:
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("Loss scenarios: round-trip CDF, pooled over seeds (line at p99)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(out / "loss_scenarios_cdf.svg")
+    fig.savefig(out / "loss_scenarios_cdf.svg", metadata={"Date": None})
     plt.close(fig)
     written.append("loss_scenarios_cdf.svg")
 
@@ -867,7 +873,7 @@ def write_scenario_plots(out: Path, results: Sequence[dict]) -> list[str]:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "loss_scenarios_wire.svg")
+    fig.savefig(out / "loss_scenarios_wire.svg", metadata={"Date": None})
     plt.close(fig)
     written.append("loss_scenarios_wire.svg")
     return written
