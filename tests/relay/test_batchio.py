@@ -321,6 +321,20 @@ def test_open_batched_driver_binds_and_closes():
     run(scenario())
 
 
+def test_ipv4_datagrams_carry_dont_fragment():
+    """DF set (PROBE: the learned path MTU never fails a send), so the kernel picks no IP ID."""
+    async def scenario():
+        driver = await open_batched_driver(server_endpoint(), ("127.0.0.1", 0), lambda now: None)
+        try:
+            sock = driver.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_IP, transport.IP_MTU_DISCOVER) \
+                == transport.IP_PMTUDISC_PROBE
+        finally:
+            driver.close()
+
+    run(scenario())
+
+
 def test_eagain_leftovers_wait_in_order_then_go_when_the_socket_is_writable():
     async def scenario():
         sent, errors = [], []
