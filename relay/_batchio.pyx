@@ -248,6 +248,8 @@ cdef class BatchSocket:
     cdef dict _send_cache
     cdef bint _busy
     cdef Endpoint admission
+    cdef readonly bint in_place                         # admission's receive_raw takes DATA here
+    cdef readonly unsigned long long taken_in_place     # datagrams it took
     cdef readonly unsigned long long datagrams_read     # every datagram recv read, admitted or not
     cdef readonly unsigned long long bytes_read
 
@@ -371,7 +373,7 @@ cdef class BatchSocket:
         return r
 
     cdef list _recv(self, int fd, int max_datagrams, double now):
-        cdef int i, r, rounds = 0
+        cdef int i, r, rounds = 0, taken = 0
         cdef unsigned int n = <unsigned int>max_datagrams
         cdef mmsghdr* msgs
         cdef list out = []
@@ -393,12 +395,17 @@ cdef class BatchSocket:
                 if admission is not None and not admission.admit_raw(
                         <const uint8_t*>(self.rbuf + i * size), msgs[i].msg_len, &self.raddrs[i], now):
                     continue
+                if self.in_place and admission.receive_raw(
+                        <const uint8_t*>(self.rbuf + i * size), msgs[i].msg_len, &self.raddrs[i], now):
+                    taken += 1
+                    continue
                 out.append((PyBytes_FromStringAndSize(self.rbuf + i * size, msgs[i].msg_len),
                             self._address(&self.raddrs[i])))
             # All of a full batch refused (a flood): read on here, with no Python object made,
             # a bounded number of times so the event loop keeps its turn.
             rounds += 1
-            if out or r < <int>n or rounds >= ADMISSION_ROUNDS:
+            if out or taken or r < <int>n or rounds >= ADMISSION_ROUNDS:
+                self.taken_in_place += taken
                 return out
 
     def recv(self, int max_datagrams=-1, double now=0.0):
@@ -408,15 +415,24 @@ cdef class BatchSocket:
         With an admission endpoint (``set_admission``), each datagram read is first offered to
         its ``admit_raw`` at time ``now``, and what it refuses (counted in its drops) never
         becomes a Python object; when a whole batch is refused the next is read at once, up to
-        ADMISSION_ROUNDS batches per call, so [] can then also mean "all refused".
+        ADMISSION_ROUNDS batches per call, so [] can then also mean "all refused". With
+        ``in_place`` too, [] can also mean "all taken in place".
         ``datagrams_read`` and ``bytes_read`` count every datagram read, refused or not."""
         if max_datagrams < 0 or max_datagrams > self.max_datagrams:
             max_datagrams = self.max_datagrams
         return self._recv(self.fd, max_datagrams, now)
 
-    def set_admission(self, endpoint):
-        """A relay_core Endpoint (a server's) whose admit_raw filters what recv returns; None: none."""
+    def set_admission(self, endpoint, bint in_place=False):
+        """A relay_core Endpoint (a server's) whose admit_raw filters what recv returns; None: none.
+
+        ``in_place``: each admitted datagram is also offered to the endpoint's receive_raw, which
+        handles DATA from its connected peers right in the receive buffer; recv then returns
+        only the rest (handshakes, new addresses, bad packets) for receive_batch, and counts
+        what was taken in ``taken_in_place``."""
+        if in_place and endpoint is None:
+            raise ValueError("in_place needs an endpoint")
         self.admission = endpoint
+        self.in_place = in_place
 
     # -- sending -----------------------------------------------------------------------------
 

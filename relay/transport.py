@@ -233,9 +233,11 @@ class BatchedEndpointDriver:
         self._fd = sock.fileno()
         self.io = _batchio.BatchSocket(self._fd, max_datagrams, max_size)
         # A server's endpoint drops flood datagrams it can tell at a glance before any Python
-        # object is made for them (Endpoint.admit_raw); a client's admits everything.
+        # object is made for them (Endpoint.admit_raw), and takes its connected peers' DATA in
+        # the receive buffer (Endpoint.receive_raw) unless on_received wants every datagram's
+        # size; a client's admits everything.
         if isinstance(endpoint, Endpoint):
-            self.io.set_admission(endpoint)
+            self.io.set_admission(endpoint, in_place=on_received is None)
         self.max_batches = max_batches
         self.max_queue = max_queue
         self.read_interval = read_interval

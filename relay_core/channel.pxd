@@ -137,7 +137,7 @@ cdef class ReceiveChannel:
     cdef readonly uint64_t delivered
     cdef readonly uint64_t duplicates
 
-    cdef int on_record(self, Record* r, bytes datagram, list out)
+    cdef int on_record(self, Record* r, const uint8_t* packet, list out)
 
 
 cdef class OrderedReceiveChannel(ReceiveChannel):

@@ -18,6 +18,7 @@ Receive side
 """
 from collections import deque
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
@@ -572,7 +573,7 @@ cdef class ReceiveChannel:
         """Message ids this channel has storage for (out-of-order arrivals), for tests."""
         return 0
 
-    cdef int on_record(self, Record* r, bytes datagram, list out):
+    cdef int on_record(self, Record* r, const uint8_t* packet, list out):
         """Accept one MESSAGE/FRAGMENT record; append deliverable payloads to ``out`` in order.
 
         Returns 0, or -(DropReason + 1) when the record is refused (the packet is then not acked,
@@ -581,8 +582,10 @@ cdef class ReceiveChannel:
         return 0
 
 
-cdef inline bytes record_payload(Record* r, bytes datagram):
-    return datagram[r.payload_offset:r.payload_offset + r.payload_length]
+cdef inline bytes record_payload(Record* r, const uint8_t* packet):
+    """The record's payload, copied out of ``packet`` (the DATA packet it came in, opened):
+    the packet may be a receive buffer the next datagram overwrites."""
+    return PyBytes_FromStringAndSize(<const char*>packet + r.payload_offset, r.payload_length)
 
 
 cdef class OrderedReceiveChannel(ReceiveChannel):
@@ -637,7 +640,7 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
         self.storage_charged = cost
         return 0
 
-    cdef int on_record(self, Record* r, bytes datagram, list out):
+    cdef int on_record(self, Record* r, const uint8_t* packet, list out):
         cdef int distance = seq_diff(r.msg_id, self.next_expected)
         cdef int slot, status, capacity, admitted
         cdef Py_ssize_t cost
@@ -653,7 +656,7 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
         if self.slots is None or distance >= self.slots.size:
             if exempt and r.kind != RK_FRAGMENT:
                 # In order with nothing held: the common case needs no storage.
-                out.append(record_payload(r, datagram))
+                out.append(record_payload(r, packet))
                 self.next_expected += 1
                 self.delivered += 1
                 return 0
@@ -680,7 +683,7 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             self.held[slot] = partial
         else:
             if exempt:
-                out.append(record_payload(r, datagram))
+                out.append(record_payload(r, packet))
                 self.next_expected += 1
                 self.delivered += 1
                 self._deliver(out)
@@ -690,11 +693,11 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
             if admitted != ADMIT_OK:
                 return refusal(admitted)
             self.slots.insert(r.msg_id)
-            self.held[slot] = record_payload(r, datagram)
+            self.held[slot] = record_payload(r, packet)
             self.charged[slot] = cost
             self.budget.charge(cost)
             return 0
-        status = partial.add(r.fragment_index, record_payload(r, datagram), self.budget,
+        status = partial.add(r.fragment_index, record_payload(r, packet), self.budget,
                              self.max_message_size, exempt)
         if status < 0:
             if partial.received == 0:
@@ -751,7 +754,7 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
 
 
 cdef class SequencedReceiveChannel(ReceiveChannel):
-    cdef int on_record(self, Record* r, bytes datagram, list out):
+    cdef int on_record(self, Record* r, const uint8_t* packet, list out):
         if r.kind != RK_MESSAGE:
             return -(DROP_BAD_FRAGMENT + 1)
         if self.has_last and not seq_greater(r.msg_id, self.last_id):
@@ -759,16 +762,16 @@ cdef class SequencedReceiveChannel(ReceiveChannel):
             return 0
         self.has_last = True
         self.last_id = r.msg_id
-        out.append(record_payload(r, datagram))
+        out.append(record_payload(r, packet))
         self.delivered += 1
         return 0
 
 
 cdef class UnreliableReceiveChannel(ReceiveChannel):
-    cdef int on_record(self, Record* r, bytes datagram, list out):
+    cdef int on_record(self, Record* r, const uint8_t* packet, list out):
         if r.kind != RK_MESSAGE:
             return -(DROP_BAD_FRAGMENT + 1)
-        out.append(record_payload(r, datagram))
+        out.append(record_payload(r, packet))
         self.delivered += 1
         return 0
 

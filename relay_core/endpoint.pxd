@@ -12,6 +12,11 @@ cdef struct RateSlot:
     double at
 
 
+cdef struct AddressSlot:
+    uint64_t key                        # the peer's address_key; 0: empty
+    void* peer                          # borrowed: peers_by_address holds the reference
+
+
 cdef struct DueEntry:
     double deadline
     int peer_id
@@ -21,6 +26,11 @@ cdef struct DueEntry:
 cdef class Endpoint:
     cdef readonly object config
     cdef dict peers_by_address
+    # The same peers in C, by raw_address_key (open addressing, linear probing): receive_raw
+    # finds a DATA packet's peer from the sockaddr recvmmsg wrote, with no Python object.
+    cdef AddressSlot* address_slots
+    cdef Py_ssize_t address_mask        # capacity - 1 (a power of two)
+    cdef Py_ssize_t address_count
     cdef dict peers
     cdef dict sessions                  # session_id -> connected peer (address migration)
     cdef list closing
@@ -102,6 +112,12 @@ cdef class Endpoint:
     cdef uint64_t closed_redundant_bytes
 
     cdef void _receive(self, bytes datagram, object address, double now)
+    cdef bint receive_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) except -1
+    cdef int _on_peer_data(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1
+    cdef int _index(self, Peer peer) except -1
+    cdef int _grow_index(self) except -1
+    cdef void _unindex(self, Peer peer) noexcept
+    cdef Peer _indexed(self, uint64_t key)
     cdef list _due_peers(self, double now)
     cdef void _schedule(self, Peer peer)
     cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1

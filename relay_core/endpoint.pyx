@@ -29,7 +29,7 @@ from collections import deque
 
 from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.mem cimport PyMem_Calloc, PyMem_Malloc, PyMem_Realloc, PyMem_Free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
@@ -145,6 +145,17 @@ cdef bint to_sockaddr(object address, sockaddr_in6* out):
         return False
 
 
+cdef inline bint same_address(const void* a, const void* b) noexcept nogil:
+    """Whether two sockaddrs name the same family, IP and port (not an IPv6 scope or flow)."""
+    cdef const sockaddr_in* x = <const sockaddr_in*>a
+    cdef const sockaddr_in* y = <const sockaddr_in*>b
+    if x.sin_family != y.sin_family or x.sin_port != y.sin_port:
+        return False
+    if x.sin_family == AF_INET:
+        return x.sin_addr.s_addr == y.sin_addr.s_addr
+    return memcmp(&(<const sockaddr_in6*>a).sin6_addr, &(<const sockaddr_in6*>b).sin6_addr, 16) == 0
+
+
 cdef uint64_t address_key(object address):
     """raw_address_key of an address as the transport hands it over (0: not an IP address)."""
     cdef sockaddr_in6 storage
@@ -210,6 +221,7 @@ cdef inline uint64_t request_fingerprint(uint64_t address_key, uint32_t connect_
 
 DEF VERIFIED_KEY_TAG = 0x5645524946494544     # keeps an address's bucket apart from its IP's
 DEF RESEND_KEY_TAG = 0x524553454E445321       # an IP's bucket for resends, apart from its first
+DEF ADDRESS_SLOTS_MIN = 64           # the address index's first capacity; it doubles at half full
 DEF KNOWN_SLOTS = 131072              # counters per filter (256 KB): few false hits up to ~10 k peers
 DEF UNANSWERED_WORDS = 65536         # 2^22 bits per generation: ~1 % false hits at 130 k/s
 DEF UNANSWERED_GENERATION = 0.25     # seconds; a request is remembered 0.25-0.5 s (resends: 0.1 s)
@@ -244,6 +256,11 @@ cdef class Endpoint:
         if not isinstance(self.config, EndpointConfig):
             raise TypeError(f"config.validate() must return an EndpointConfig, got {type(self.config).__name__}")
         self.peers_by_address = {}
+        self.address_slots = <AddressSlot*>PyMem_Calloc(ADDRESS_SLOTS_MIN, sizeof(AddressSlot))
+        if self.address_slots == NULL:
+            raise MemoryError()
+        self.address_mask = ADDRESS_SLOTS_MIN - 1
+        self.address_count = 0
         self.peers = {}
         self.sessions = {}
         self.closing = []
@@ -315,6 +332,7 @@ cdef class Endpoint:
             self.drop_counts[i] = 0
 
     def __dealloc__(self):
+        PyMem_Free(self.address_slots)
         PyMem_Free(self.scratch)
         PyMem_Free(self.unanswered_filter)
         PyMem_Free(self.known_addresses)
@@ -339,6 +357,7 @@ cdef class Endpoint:
                     self.block_budget, TAG_SIZE if token is not None else 0, token)
         peer.sink = self.message_sink
         self.peers_by_address[address] = peer
+        self._index(peer)
         self._know(address, 0, 1)
         self.peers[peer.peer_id] = peer
         self._touch(peer)
@@ -496,15 +515,7 @@ cdef class Endpoint:
                 else:
                     self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
-            rc = peer.on_data(p, n, datagram, now)
-            self._touch(peer)
-            if rc < 0:
-                self.drop_counts[-rc - 1] += 1
-            elif not self.output_pending:
-                # An ack that opens the window, a loss to repair, an ack or heartbeat due, a
-                # timer expired (see _timer_deadline): out now.
-                if peer.wants_send(now) or 0.0 <= peer.scheduled_deadline <= now:
-                    self.output_pending = True
+            self._on_peer_data(peer, p, n, now)
             return
         if ptype == PT_CONNECT_REQUEST:
             self._on_connect_request(p, n, datagram, address, now)
@@ -519,6 +530,121 @@ cdef class Endpoint:
         if peer is not None:
             self._touch(peer)
         self.output_pending = True          # handshakes and path checks: rare, answered at once
+
+    cdef int _on_peer_data(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1:
+        """DATA from a connected peer at its own address, session id checked."""
+        cdef int rc = peer.on_data(p, n, now)
+        self._touch(peer)
+        if rc < 0:
+            self.drop_counts[-rc - 1] += 1
+        elif not self.output_pending:
+            # An ack that opens the window, a loss to repair, an ack or heartbeat due, a
+            # timer expired (see _timer_deadline): out now.
+            if peer.wants_send(now) or 0.0 <= peer.scheduled_deadline <= now:
+                self.output_pending = True
+        return 0
+
+    cdef bint receive_raw(self, const uint8_t* p, Py_ssize_t n, const void* address,
+                          double now) except -1:
+        """Handle in place, if it is one, a DATA packet from a connected peer's own address
+        (``address`` a sockaddr_in or sockaddr_in6, ``p`` a receive buffer): the common case,
+        with no Python object made for the datagram or its address. False: anything else (a
+        handshake, a new address, a bad packet), which the caller hands to receive_batch as
+        (bytes, address) after the rest of its batch -- the order receive_batch keeps anyway."""
+        cdef Peer peer
+        if n < DATA_HEADER_SIZE or check_prefix(p, n) != PT_DATA:
+            return False
+        peer = self._indexed(raw_address_key(address))
+        if (peer is None or peer.state != STATE_CONNECTED or read_session_id(p) != peer.session_id
+                or not same_address(peer.raw_address, address)):
+            return False
+        self._on_peer_data(peer, p, n, now)
+        return True
+
+    # -- the address index ------------------------------------------------------------------
+
+    cdef int _index(self, Peer peer) except -1:
+        """Put the peer into the address index (it must be in peers_by_address). An address that
+        is not an IP address, or whose key another peer holds (IPv6 addresses that differ only in
+        their scope), stays out: its DATA takes the Python path."""
+        cdef sockaddr_in6* raw = <sockaddr_in6*>peer.raw_address
+        cdef uint64_t key
+        cdef Py_ssize_t i
+        peer.address_key = 0
+        memset(raw, 0, sizeof(sockaddr_in6))
+        if not to_sockaddr(peer.address, raw):
+            return 0
+        key = raw_address_key(raw)
+        if key == 0 or self._indexed(key) is not None:
+            return 0
+        if 2 * (self.address_count + 1) > self.address_mask + 1:
+            self._grow_index()
+        i = <Py_ssize_t>(key & <uint64_t>self.address_mask)
+        while self.address_slots[i].key != 0:
+            i = (i + 1) & self.address_mask
+        self.address_slots[i].key = key
+        self.address_slots[i].peer = <void*>peer
+        self.address_count += 1
+        peer.address_key = key
+        return 0
+
+    cdef int _grow_index(self) except -1:
+        cdef AddressSlot* old = self.address_slots
+        cdef Py_ssize_t old_size = self.address_mask + 1, size = old_size * 2, i, j
+        cdef AddressSlot* slots = <AddressSlot*>PyMem_Calloc(size, sizeof(AddressSlot))
+        if slots == NULL:
+            raise MemoryError()
+        for i in range(old_size):
+            if old[i].key != 0:
+                j = <Py_ssize_t>(old[i].key & <uint64_t>(size - 1))
+                while slots[j].key != 0:
+                    j = (j + 1) & (size - 1)
+                slots[j] = old[i]
+        self.address_slots = slots
+        self.address_mask = size - 1
+        PyMem_Free(old)
+        return 0
+
+    cdef Peer _indexed(self, uint64_t key):
+        """The indexed peer with this key, or None."""
+        cdef Py_ssize_t i = <Py_ssize_t>(key & <uint64_t>self.address_mask)
+        if key == 0:
+            return None
+        while self.address_slots[i].key != 0:
+            if self.address_slots[i].key == key:
+                return <Peer>self.address_slots[i].peer
+            i = (i + 1) & self.address_mask
+        return None
+
+    cdef void _unindex(self, Peer peer) noexcept:
+        """Take the peer out of the address index (if it is in it), shifting back the entries
+        probed past its slot, so no lookup needs a tombstone."""
+        cdef Py_ssize_t i, j, home
+        cdef Py_ssize_t mask = self.address_mask
+        if peer.address_key == 0:
+            return
+        i = <Py_ssize_t>(peer.address_key & <uint64_t>mask)
+        while self.address_slots[i].peer != <void*>peer:
+            if self.address_slots[i].key == 0:
+                peer.address_key = 0
+                return
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if self.address_slots[j].key == 0:
+                break
+            home = <Py_ssize_t>(self.address_slots[j].key & <uint64_t>mask)
+            # The entry at j stays if its home lies cyclically in (i, j]: the hole at i is not
+            # on its probe path.
+            if (home <= j and (home > i or i > j)) or (home > j and home > i and i > j):
+                continue
+            self.address_slots[i] = self.address_slots[j]
+            i = j
+        self.address_slots[i].key = 0
+        self.address_slots[i].peer = NULL
+        self.address_count -= 1
+        peer.address_key = 0
 
     @property
     def output_due(self):
@@ -735,6 +861,12 @@ cdef class Endpoint:
         if not 0 <= channel < len(self.size_limits):
             raise IndexError(f"channel {channel} does not exist (0..{len(self.size_limits) - 1})")
         return peer.channel_snapshot(channel)
+
+    def indexed_peer(self, address):
+        """The id of the peer whose DATA from ``address`` receive_raw would take in place (the
+        address index's entry for it), or None: for tests and diagnostics."""
+        cdef Peer peer = self._indexed(address_key(address))
+        return peer.peer_id if peer is not None else None
 
     def peer_address(self, int peer_id):
         return (<Peer>self.peers[peer_id]).address
@@ -1130,6 +1262,7 @@ cdef class Endpoint:
             if encrypted:
                 peer.protect(claims.server_key, claims.client_key)
         self.peers_by_address[address] = peer
+        self._index(peer)
         self.peers[peer.peer_id] = peer
         self.sessions[session_id] = peer
         self._know(address, session_id, 1)
@@ -1244,7 +1377,7 @@ cdef class Endpoint:
         """
         cdef bint had_counter = peer.has_recv_counter
         cdef uint64_t counter_before = peer.recv_counter
-        cdef int rc = peer.on_data(p, n, datagram, now)
+        cdef int rc = peer.on_data(p, n, now)
         self._touch(peer)
         if rc < 0:
             self.drop_counts[-rc - 1] += 1
@@ -1327,9 +1460,11 @@ cdef class Endpoint:
                 self.source_sessions[moved_to] = self.source_sessions.get(moved_to, 0) + 1
         old = peer.address
         del self.peers_by_address[old]
+        self._unindex(peer)
         self._know(old, 0, -1)
         peer.migrate(address)
         self.peers_by_address[address] = peer
+        self._index(peer)
         self._know(address, 0, 1)
         self.path_counts["migrations"] += 1
         self.events.append(PeerMigrated(peer.peer_id, old, address))
@@ -1354,6 +1489,7 @@ cdef class Endpoint:
                 self.closed_spurious_resends += channel.spurious_resends
                 self.closed_redundant_bytes += channel.redundant_bytes
         if self.peers_by_address.pop(peer.address, None) is not None:
+            self._unindex(peer)
             self._know(peer.address, 0, -1)
         if self.sessions.get(peer.session_id) is peer:
             del self.sessions[peer.session_id]

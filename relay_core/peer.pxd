@@ -45,6 +45,10 @@ cdef class Peer:
     cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
     cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
     cdef readonly object address
+    # The address in C, for the endpoint's address index (Endpoint._index): a sockaddr_in or
+    # sockaddr_in6 (28 bytes), and its raw_address_key; 0: not in the index.
+    cdef uint8_t raw_address[28]
+    cdef uint64_t address_key
     cdef readonly int state
     cdef readonly uint32_t session_id
     cdef readonly uint32_t connect_id
@@ -163,7 +167,7 @@ cdef class Peer:
     cdef void watch_path(self, object address, bytes data, Py_ssize_t budget)
     cdef void path_challenge_sent(self, Py_ssize_t size, double now)
     cdef void migrate(self, object address)
-    cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now)
+    cdef int on_data(self, const uint8_t* p, Py_ssize_t n, double now)
     cdef void process_acks(self, DataHeader* h, double now)
     cdef void packet_acked(self, uint16_t seq)
     cdef void detect_gaps(self, uint16_t newest, double now)

@@ -341,8 +341,9 @@ cdef class Peer:
 
     # -- receiving -------------------------------------------------------------------------
 
-    cdef int on_data(self, const uint8_t* p, Py_ssize_t n, bytes datagram, double now):
-        """Handle a DATA packet whose session id matched; 0 or -(DropReason + 1)."""
+    cdef int on_data(self, const uint8_t* p, Py_ssize_t n, double now):
+        """Handle a DATA packet whose session id matched; 0 or -(DropReason + 1). ``p`` may be a
+        receive buffer: nothing keeps a pointer into it past the call."""
         cdef DataHeader h
         cdef Record r
         cdef Py_ssize_t pos = DATA_HEADER_SIZE
@@ -360,8 +361,8 @@ cdef class Peer:
                 return -(DROP_AUTH_FAILED + 1)
             counter = reconstruct_counter(self.recv_counter, self.has_recv_counter, read_packet_seq(p))
             write_nonce(nonce, PT_DATA, counter)
-            # The header (in clear) and the opened records, as one bytes object: the channels
-            # take their messages from it.
+            # The header (in clear) and the opened records, in one buffer: the channels take
+            # their messages from it.
             opened = PyBytes_FromStringAndSize(NULL, n - TAG_SIZE)
             out = <uint8_t*>PyBytes_AS_STRING(opened)
             if aead_open(out + DATA_HEADER_SIZE, p + DATA_HEADER_SIZE, n - DATA_HEADER_SIZE,
@@ -371,7 +372,6 @@ cdef class Peer:
             if not self.has_recv_counter or counter > self.recv_counter:
                 self.recv_counter = counter
                 self.has_recv_counter = True
-            datagram = opened
             p = out
             n -= TAG_SIZE
         read_data_header(p, &h)
@@ -397,7 +397,7 @@ cdef class Peer:
                 if r.channel >= self.channel_count:
                     status = -(DROP_UNKNOWN_CHANNEL + 1)
                     break
-                rc = (<ReceiveChannel>self.recv_channels[r.channel]).on_record(&r, datagram, self.delivered)
+                rc = (<ReceiveChannel>self.recv_channels[r.channel]).on_record(&r, p, self.delivered)
                 if self.delivered:
                     sink = self.sink
                     for payload in self.delivered:

@@ -1,0 +1,101 @@
+"""In-place receive (Endpoint.receive_raw through relay._batchio): a connected peer's DATA is
+handled in the recvmmsg buffer, with no bytes or address object; everything else still reaches
+receive_batch as (bytes, address), and what either path delivers is the same.
+
+Over real loopback sockets, IPv4 and IPv6."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from relay_core import Endpoint, EndpointConfig, MessageReceived
+from relay_core.wire import decode_packet, encode_packet
+from test_admission import FAMILIES, Server
+
+
+def _connect(server, client, sock, family):
+    peer = client.connect(server.address[:2] if family == socket.AF_INET else server.address, 0.0)
+    now = 0.0
+    while not client.is_connected(peer) and now < 1.0:
+        for data, _ in client.datagrams_to_send(now):
+            sock.sendto(data, server.address)
+        server.pump(now)
+        _read_into(client, sock, now)
+        now += 0.1
+    assert client.is_connected(peer), server.endpoint.drops
+    return peer, now
+
+
+def _read_into(client, sock, now):
+    try:
+        while True:
+            data, source = sock.recvfrom(2048)
+            client.receive(data, source, now)
+    except (TimeoutError, BlockingIOError):
+        pass
+
+
+def _messages(endpoint):
+    got = []
+    while (event := endpoint.next_event()) is not None:
+        if isinstance(event, MessageReceived):
+            got.append((event.peer_id, event.payload))
+    return got
+
+
+@pytest.mark.parametrize("family,host", FAMILIES)
+def test_connected_peers_data_is_taken_in_place_and_the_rest_is_handed_over(family, host):
+    server = Server(family, host)
+    server.io.set_admission(server.endpoint, in_place=True)
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as a_sock, \
+                socket.socket(family, socket.SOCK_DGRAM) as b_sock, \
+                socket.socket(family, socket.SOCK_DGRAM) as other:
+            for sock in (a_sock, b_sock, other):
+                sock.bind((host, 0))
+                sock.settimeout(0.05)
+            a, b = Endpoint(EndpointConfig(seed=3)), Endpoint(EndpointConfig(seed=4))
+            a_peer, now = _connect(server, a, a_sock, family)
+            b_peer, now = _connect(server, b, b_sock, family)
+            _messages(server.endpoint)
+            server_a = server.endpoint.indexed_peer(a_sock.getsockname())
+            server_b = server.endpoint.indexed_peer(b_sock.getsockname())
+            assert None not in (server_a, server_b) and server_a != server_b
+            taken = server.io.taken_in_place
+
+            for i in range(20):
+                a.send(a_peer, 0, b"a%d" % i)
+                b.send(b_peer, 0, b"b%d" % i)
+                for client, sock in ((a, a_sock), (b, b_sock)):
+                    for data, _ in client.datagrams_to_send(now):
+                        sock.sendto(data, server.address)
+                assert server.pump(now) == []           # nothing of theirs became a Python object
+                for client, sock in ((a, a_sock), (b, b_sock)):
+                    _read_into(client, sock, now)
+                now += 0.05
+            got = _messages(server.endpoint)
+            assert [p for peer, p in got if peer == server_a] == [b"a%d" % i for i in range(20)]
+            assert [p for peer, p in got if peer == server_b] == [b"b%d" % i for i in range(20)]
+            assert server.io.taken_in_place - taken >= 40
+
+            # A's session id from another address (a migration, or a forgery) and a wrong session
+            # id from A's own address take the Python path, which decides as before.
+            a.send(a_peer, 0, b"moved")
+            [(packet, _)] = a.datagrams_to_send(now)
+            other.sendto(packet, server.address)
+            header = decode_packet(packet)
+            wrong = encode_packet(dict(header, session_id=header["session_id"] ^ 1, records=[]))
+            a_sock.sendto(wrong, server.address)
+            handed = server.pump(now)
+            assert sorted(data for data, _ in handed) == sorted([packet, wrong])
+            assert server.endpoint.drops.get("wrong_session") == 1
+            assert _messages(server.endpoint) == [(server_a, b"moved")]   # delivered, path checked
+    finally:
+        server.close()
+
+
+def test_in_place_needs_an_endpoint():
+    from relay._batchio import BatchSocket
+    with pytest.raises(ValueError, match="in_place needs an endpoint"):
+        BatchSocket(-1).set_admission(None, in_place=True)
