@@ -29,6 +29,7 @@ On a platform without recvmmsg/sendmmsg the module still imports: ``AVAILABLE`` 
 every call raises OSError(ENOSYS).
 """
 from relay_core.endpoint cimport Endpoint
+from relay_core.outbox cimport OutDatagram
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_FromUnsignedLongLong
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
@@ -431,8 +432,12 @@ cdef class BatchSocket:
         what was taken in ``taken_in_place``."""
         if in_place and endpoint is None:
             raise ValueError("in_place needs an endpoint")
+        if self.admission is not None:
+            self.admission.in_place_output = False
         self.admission = endpoint
         self.in_place = in_place
+        if endpoint is not None:
+            (<Endpoint>endpoint).in_place_output = in_place
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -450,6 +455,42 @@ cdef class BatchSocket:
         memcpy(&self.saddrs[slot], PyBytes_AS_STRING(packed), PyBytes_GET_SIZE(packed))
         self.smsgs[slot].msg_hdr.msg_namelen = <socklen_t>PyBytes_GET_SIZE(packed)
         return 0
+
+    cdef Py_ssize_t _sendmmsg(self, int fd, Py_ssize_t k, Py_ssize_t pos, Py_ssize_t* retried,
+                              Py_ssize_t* count, Py_ssize_t* nbytes, bint* again, int* error):
+        """sendmmsg of the k send slots filled (datagram ``pos`` of the caller's in slot 0);
+        returns how many were consumed (sent, or lost to an ICMP-style error). Stops early on
+        EAGAIN (``again``) or another error (``error``: its errno)."""
+        cdef Py_ssize_t done = 0, j
+        cdef int r = 0, err = 0
+        while done < k:
+            with nogil:
+                r = relay_sendmmsg(fd, self.smsgs + done, <unsigned int>(k - done))
+                err = errno
+            if r > 0:
+                for j in range(done, done + r):
+                    nbytes[0] += self.smsgs[j].msg_len
+                count[0] += r
+                done += r
+                continue
+            if r == 0 or _is_again(err):
+                again[0] = True
+                break
+            if err == EINTR:
+                continue
+            if _is_loss(err):
+                self.send_errors += 1
+                self.last_error = err
+                if retried[0] != pos + done:
+                    # Most likely an earlier datagram's ICMP error, reported (and cleared) now:
+                    # this one goes again, once.
+                    retried[0] = pos + done
+                    continue
+                done += 1           # it fails itself: lost, go on with the rest
+                continue
+            error[0] = err
+            break
+        return done
 
     cdef Py_ssize_t _send(self, int fd, object datagrams, Py_ssize_t start) except -1:
         """Returns how many datagrams from ``start`` were consumed (sent, or lost to an
@@ -500,35 +541,11 @@ cdef class BatchSocket:
                     self.siov[k].iov_base = PyBytes_AS_STRING(data)
                     self.siov[k].iov_len = <size_t>PyBytes_GET_SIZE(data)
                     k += 1
-                done = 0
+                err = 0
                 try:
-                    while done < k:
-                        with nogil:
-                            r = relay_sendmmsg(fd, self.smsgs + done, <unsigned int>(k - done))
-                            err = errno
-                        if r > 0:
-                            for j in range(done, done + r):
-                                nbytes += self.smsgs[j].msg_len
-                            count += r
-                            done += r
-                            continue
-                        if r == 0 or _is_again(err):
-                            again = True
-                            break
-                        if err == EINTR:
-                            continue
-                        if _is_loss(err):
-                            self.send_errors += 1
-                            self.last_error = err
-                            if retried != pos + done:
-                                # Most likely an earlier datagram's ICMP error, reported (and
-                                # cleared) now: this one goes again, once.
-                                retried = pos + done
-                                continue
-                            done += 1           # it fails itself: lost, go on with the rest
-                            continue
+                    done = self._sendmmsg(fd, k, pos, &retried, &count, &nbytes, &again, &err)
+                    if err:
                         failure = _os_error(err)
-                        break
                 finally:
                     for j in range(k):
                         Py_DECREF(<object>self.sheld[j])
@@ -549,6 +566,77 @@ cdef class BatchSocket:
         means the socket buffer is full (EAGAIN): resend the rest later. ``last_sent_count`` and
         ``last_sent_bytes`` say what actually went. Errors carry ``sent`` (see the module)."""
         return self._send(self.fd, datagrams, start)
+
+    # -- sending an endpoint's outbox (in place) ------------------------------------------------
+
+    def flush_in_place(self, double now):
+        """The admission endpoint's flush_in_place (``in_place`` set): its DATA waits in its
+        outbox for ``send_outbox`` (then ``clear_outbox``); returns the rest as (bytes,
+        address), to be sent first."""
+        if not self.in_place:
+            raise RuntimeError("flush_in_place needs set_admission(endpoint, in_place=True)")
+        return self.admission.flush_in_place(now)
+
+    @property
+    def outbox_count(self):
+        """Datagrams in the admission endpoint's outbox (the last flush_in_place's DATA)."""
+        return self.admission.outbox.count if self.in_place else 0
+
+    def send_outbox(self, Py_ssize_t start=0):
+        """``send`` for the outbox's datagrams from ``start``, straight from its buffer; the same
+        return value, counters and errors."""
+        cdef Py_ssize_t total = self.outbox_count, pos = start, k, done, retried = -1
+        cdef Py_ssize_t count = 0, nbytes = 0, cap = self.max_datagrams
+        cdef bint again = False
+        cdef int err = 0
+        cdef OutDatagram* item
+        if start < 0 or start > total:
+            raise IndexError(f"start {start} outside 0-{total}")
+        self.last_sent_count = 0
+        self.last_sent_bytes = 0
+        self._enter()
+        try:
+            while pos < total and not again and not err:
+                k = 0
+                while k < cap and pos + k < total:
+                    item = &self.admission.outbox.items[pos + k]
+                    memcpy(&self.saddrs[k], item.address, sizeof(item.address))
+                    self.smsgs[k].msg_hdr.msg_namelen = <socklen_t>(
+                        sizeof(sockaddr_in) if (<sockaddr_in*>item.address).sin_family == AF_INET
+                        else sizeof(sockaddr_in6))
+                    self.siov[k].iov_base = self.admission.outbox.data + item.offset
+                    self.siov[k].iov_len = <size_t>item.length
+                    k += 1
+                done = self._sendmmsg(self.fd, k, pos, &retried, &count, &nbytes, &again, &err)
+                pos += done
+        finally:
+            self._busy = False
+            self.last_sent_count = count
+            self.last_sent_bytes = nbytes
+        if err:
+            failure = _os_error(err)
+            failure.sent = pos - start
+            raise failure
+        return pos - start
+
+    def clear_outbox(self):
+        """Empty the outbox once its datagrams are sent or queued (outbox_datagrams)."""
+        if self.in_place:
+            self.admission.outbox.used = 0
+            self.admission.outbox.count = 0
+
+    def outbox_datagrams(self, Py_ssize_t start=0):
+        """The outbox's datagrams from ``start`` as [(bytes, address), ...]: what send_outbox
+        could not send now, for a queue."""
+        cdef Py_ssize_t i, total = self.outbox_count
+        cdef OutDatagram* item
+        cdef list out = []
+        for i in range(max(start, 0), total):
+            item = &self.admission.outbox.items[i]
+            out.append((PyBytes_FromStringAndSize(<char*>self.admission.outbox.data + item.offset,
+                                                  item.length),
+                        self._address(<sockaddr_storage*>item.address)))
+        return out
 
     def clear_caches(self):
         self._recv_cache.clear()

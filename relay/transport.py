@@ -366,10 +366,16 @@ class BatchedEndpointDriver:
             return
         now = self.loop.time()
         self.on_events(now)
-        sent = self.endpoint.datagrams_to_send(now)
+        in_place = self.io.in_place
+        # In place: the connected peers' DATA is written into the endpoint's outbox (where
+        # Endpoint.flush_peers may have put some already) and goes out from there, after the
+        # rest (handshake replies first, as ever).
+        sent = self.io.flush_in_place(now) if in_place else self.endpoint.datagrams_to_send(now)
         self.on_events(now)         # timers run inside datagrams_to_send may have closed peers
         if sent:
             self.send(sent)
+        if in_place and self.io.outbox_count:
+            self._send_outbox()
         self._arm_timer(now)
 
     def _arm_timer(self, now: float) -> None:
@@ -392,15 +398,27 @@ class BatchedEndpointDriver:
         if start < len(datagrams):
             self._enqueue(datagrams, start)
 
-    def _send_from(self, datagrams: list, start: int) -> int:
-        """Send datagrams[start:] until done or EAGAIN; returns the index of the first unsent."""
+    def _send_outbox(self) -> None:
         io = self.io
-        total = len(datagrams)
+        if self._writing:
+            self._enqueue(io.outbox_datagrams(0), 0)     # keep the order: the queue goes first
+        else:
+            start = self._send_from(None, 0, io.outbox_count)
+            if start < io.outbox_count:
+                self._enqueue(io.outbox_datagrams(start), 0)
+        io.clear_outbox()
+
+    def _send_from(self, datagrams: Optional[list], start: int, total: int = -1) -> int:
+        """Send datagrams[start:] (None: the endpoint's outbox, ``total`` long) until done or
+        EAGAIN; returns the index of the first unsent."""
+        io = self.io
+        if datagrams is not None:
+            total = len(datagrams)
         count = size = 0
         io_errors = io.recv_errors + io.send_errors
         while start < total:         # each pass consumes at least one datagram or stops
             try:
-                done = io.send(datagrams, start)
+                done = io.send(datagrams, start) if datagrams is not None else io.send_outbox(start)
             except (OSError, TypeError, ValueError, OverflowError) as exc:
                 count += io.last_sent_count
                 size += io.last_sent_bytes

@@ -2,6 +2,7 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from relay_core.fragment cimport MemoryBudget
+from relay_core.outbox cimport Outbox
 from relay_core.peer cimport MessageSink, Peer, STATE_CONNECTED
 from relay_core.wire cimport CookiePacket, AcceptPacket, DROP_REASON_COUNT
 
@@ -28,6 +29,8 @@ cdef class Endpoint:
     cdef dict peers_by_address
     # The same peers in C, by raw_address_key (open addressing, linear probing): receive_raw
     # finds a DATA packet's peer from the sockaddr recvmmsg wrote, with no Python object.
+    cdef Outbox outbox                  # flush_in_place's DATA (zeroed with the object)
+    cdef readonly bint in_place_output  # a BatchSocket sends the outbox (set_admission in_place)
     cdef AddressSlot* address_slots
     cdef Py_ssize_t address_mask        # capacity - 1 (a power of two)
     cdef Py_ssize_t address_count
@@ -118,6 +121,9 @@ cdef class Endpoint:
     cdef int _grow_index(self) except -1
     cdef void _unindex(self, Peer peer) noexcept
     cdef Peer _indexed(self, uint64_t key)
+    cdef list flush_in_place(self, double now)
+    cdef list _flush(self, double now, Outbox* box)
+    cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1
     cdef list _due_peers(self, double now)
     cdef void _schedule(self, Peer peer)
     cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1

@@ -6,6 +6,7 @@ from relay_core.channel cimport SentUnits
 from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.wire cimport DataHeader, SessionPacket
+from relay_core.outbox cimport Outbox
 
 # The connection's states and what moves it between them; peer.TRANSITIONS says which
 # (state, trigger) pairs are legal and where each leads (docs/PROTOCOL.md, section 9).
@@ -188,7 +189,7 @@ cdef class Peer:
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
     cdef void refill(self, double now)
-    cdef void flush(self, double now, uint8_t* buf, list out)
+    cdef int flush(self, double now, uint8_t* buf, list out, Outbox* box) except -1
     cdef void flush_handshake(self, double now, list out)
     cdef bytes _disconnect_packet(self)
     cdef str check_timers(self, double now)

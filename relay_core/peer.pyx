@@ -23,6 +23,7 @@ from relay_core.redundancy cimport (
     LINK_CLEAN, LINK_LOSSY, LINK_BURSTY, LINK_CONGESTED,
 )
 from relay_core.fragment cimport MemoryBudget
+from relay_core.outbox cimport Outbox, outbox_commit, outbox_reserve
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.channel cimport (
     SentUnits, SentUnit, SendChannel, ReceiveChannel, OrderedReceiveChannel, MODE_REDUNDANT,
@@ -605,8 +606,10 @@ cdef class Peer:
                 return True
         return False
 
-    cdef void flush(self, double now, uint8_t* buf, list out):
-        """Append this peer's datagrams for ``now`` to ``out`` as (bytes, address)."""
+    cdef int flush(self, double now, uint8_t* buf, list out, Outbox* box) except -1:
+        """Append this peer's datagrams for ``now`` to ``out`` as (bytes, address); its DATA goes
+        into ``box`` instead when there is one and the peer's address is a sockaddr (in the
+        endpoint's address index). ``buf``: scratch of at least mtu bytes."""
         cdef int k
         cdef SentPacket* packet
         cdef Py_ssize_t pos, end = self.mtu - self.reserve
@@ -618,6 +621,8 @@ cdef class Peer:
         cdef bint carries_messages
         cdef uint8_t nonce[AEAD_NONCE_SIZE]
         cdef uint8_t* sealed_out
+        cdef uint8_t* scratch = buf
+        cdef bint in_box = box != NULL and self.address_key != 0
         cdef Py_ssize_t budget = self.redundancy_budget
         # always: every unacked message in every datagram. adaptive: as the controller's mode
         # says (PROTOCOL.md 12.5): none on a clean path; on a lossy one a bounded number per
@@ -633,11 +638,13 @@ cdef class Peer:
                                  if self.rtt.has_sample else self.copy_wait * self.rtt.rto)
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
-            return
+            return 0
         if not self.wants_send(now):
-            return
+            return 0
         self.refill(now)
         for k in range(self.max_datagrams):
+            # Written where it goes out from, unless it is sealed afterwards.
+            buf = outbox_reserve(box, self.mtu) if in_box and not self.sealed else scratch
             self.stamp += 1
             self.keep_unacked_units()
             units_start = self.units.head
@@ -674,19 +681,28 @@ cdef class Peer:
             packet.stamp = self.stamp
             self.in_flight = (self.in_flight << 1) | 1
             if not self.sealed:
-                datagram = PyBytes_FromStringAndSize(<char*>buf, pos)
+                if in_box:
+                    outbox_commit(box, pos, self.raw_address)
+                else:
+                    out.append((PyBytes_FromStringAndSize(<char*>buf, pos), self.address))
             else:
                 # The header in clear, authenticated with the sealed records after it.
-                datagram = PyBytes_FromStringAndSize(NULL, pos + TAG_SIZE)
-                sealed_out = <uint8_t*>PyBytes_AS_STRING(datagram)
+                if in_box:
+                    sealed_out = outbox_reserve(box, pos + TAG_SIZE)
+                else:
+                    datagram = PyBytes_FromStringAndSize(NULL, pos + TAG_SIZE)
+                    sealed_out = <uint8_t*>PyBytes_AS_STRING(datagram)
                 memcpy(sealed_out, buf, DATA_HEADER_SIZE)
                 write_nonce(nonce, PT_DATA, self.send_counter)
                 aead_seal(sealed_out + DATA_HEADER_SIZE, buf + DATA_HEADER_SIZE, pos - DATA_HEADER_SIZE,
                           buf, DATA_HEADER_SIZE, nonce, self.send_key)
                 pos += TAG_SIZE
+                if in_box:
+                    outbox_commit(box, pos, self.raw_address)
+                else:
+                    out.append((datagram, self.address))
             self.next_seq += 1
             self.send_counter += 1
-            out.append((datagram, self.address))
             self.packets_sent += 1
             self.bytes_sent += pos
             self.tokens -= pos + IP_UDP_OVERHEAD
@@ -695,6 +711,7 @@ cdef class Peer:
             # A burst stops at the ack window and resumes as acks arrive (or the pace allows).
             if seq_diff(self.next_seq, self.highest_acked) > ACK_WINDOW or not self._more_to_send(now):
                 break
+        return 0
 
     cdef bint _more_to_send(self, double now):
         cdef SendChannel channel

@@ -99,3 +99,86 @@ def test_in_place_needs_an_endpoint():
     from relay._batchio import BatchSocket
     with pytest.raises(ValueError, match="in_place needs an endpoint"):
         BatchSocket(-1).set_admission(None, in_place=True)
+
+
+@pytest.mark.parametrize("family,host", FAMILIES)
+def test_connected_peers_data_goes_out_from_the_outbox(family, host):
+    server = Server(family, host)
+    server.io.set_admission(server.endpoint, in_place=True)
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as a_sock, \
+                socket.socket(family, socket.SOCK_DGRAM) as b_sock:
+            for sock in (a_sock, b_sock):
+                sock.bind((host, 0))
+                sock.settimeout(0.05)
+            a, b = Endpoint(EndpointConfig(seed=3)), Endpoint(EndpointConfig(seed=4))
+            a_peer, now = _connect(server, a, a_sock, family)
+            b_peer, now = _connect(server, b, b_sock, family)
+            _messages(a)
+            _messages(b)
+            server_a = server.endpoint.indexed_peer(a_sock.getsockname())
+            server_b = server.endpoint.indexed_peer(b_sock.getsockname())
+            server.endpoint.send(server_a, 0, b"to a")
+            server.endpoint.send(server_b, 0, b"to b")
+            assert server.io.flush_in_place(now) == []      # nothing for the Python path
+            assert server.io.outbox_count == 2
+            copies = server.io.outbox_datagrams(0)
+            assert sorted(to for _, to in copies) == sorted([a_sock.getsockname(), b_sock.getsockname()])
+            assert server.io.outbox_datagrams(1) == copies[1:]
+            assert server.io.send_outbox(0) == 2
+            assert server.io.last_sent_count == 2
+            assert server.io.last_sent_bytes == sum(len(data) for data, _ in copies)
+            received = {}
+            for sock in (a_sock, b_sock):
+                data, _ = sock.recvfrom(2048)
+                received[sock.getsockname()] = data
+            assert received == {to: data for data, to in copies}
+            a.receive(received[a_sock.getsockname()], server.address, now)
+            b.receive(received[b_sock.getsockname()], server.address, now)
+            assert _messages(a) == [(a_peer, b"to a")] and _messages(b) == [(b_peer, b"to b")]
+            with pytest.raises(IndexError):
+                server.io.send_outbox(3)
+    finally:
+        server.close()
+
+
+def test_flush_peers_builds_a_rooms_datagrams_into_the_outbox_once():
+    server = Server(socket.AF_INET, "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.settimeout(0.05)
+            client = Endpoint(EndpointConfig(seed=3))
+            client_peer, now = _connect(server, client, sock, socket.AF_INET)
+            peer = server.endpoint.indexed_peer(sock.getsockname())
+            # Without in-place output nothing happens: the next flush builds it.
+            server.endpoint.send(peer, 0, b"frame 1")
+            server.endpoint.flush_peers([peer], now)
+            [(datagram, to)] = server.endpoint.datagrams_to_send(now)
+            assert to == sock.getsockname()
+
+            server.io.set_admission(server.endpoint, in_place=True)
+            assert server.endpoint.in_place_output
+            server.endpoint.send(peer, 0, b"frame 2")
+            server.endpoint.flush_peers([peer, 12345], now)     # an unknown id is skipped
+            assert server.io.outbox_count == 1
+            # The flush after it finds nothing more for that peer: one datagram, not two.
+            assert server.io.flush_in_place(now) == []
+            assert server.io.outbox_count == 1
+            [(data, _)] = server.io.outbox_datagrams()
+            assert server.io.send_outbox() == 1
+            server.io.clear_outbox()
+            assert server.io.outbox_count == 0
+            client.receive(datagram, server.address, now)
+            client.receive(data, server.address, now)
+            assert _messages(client) == [(client_peer, b"frame 1"), (client_peer, b"frame 2")]
+            # A peer touched again after flush_peers is visited by the next flush.
+            server.endpoint.send(peer, 0, b"frame 3")
+            server.endpoint.flush_peers([peer], now)
+            server.endpoint.send(peer, 0, b"advice")
+            server.io.flush_in_place(now + 0.001)
+            assert server.io.outbox_count == 2
+            server.io.set_admission(server.endpoint)
+            assert not server.endpoint.in_place_output
+    finally:
+        server.close()
