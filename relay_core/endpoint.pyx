@@ -746,6 +746,11 @@ cdef class Endpoint:
                 continue                        # superseded by an earlier one, or the peer is gone
             peer.queued_deadline = -1.0
             if not peer.dirty:
+                if peer.next_deadline() > now:
+                    # What was due is gone (an ack retired the message whose RTO it was): no
+                    # visit, only a new entry for what is due next.
+                    self._schedule(peer)
+                    continue
                 peer.dirty = True
                 peers.append(peer)
         cdef list due = []
