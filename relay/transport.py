@@ -367,9 +367,8 @@ class BatchedEndpointDriver:
         now = self.loop.time()
         self.on_events(now)
         in_place = self.io.in_place
-        # In place: the connected peers' DATA is written into the endpoint's outbox (where
-        # Endpoint.flush_peers may have put some already) and goes out from there, after the
-        # rest (handshake replies first, as ever).
+        # In place: the connected peers' DATA is written into the endpoint's outbox and goes
+        # out from there, after the rest (handshake replies first, as ever).
         sent = self.io.flush_in_place(now) if in_place else self.endpoint.datagrams_to_send(now)
         self.on_events(now)         # timers run inside datagrams_to_send may have closed peers
         if sent:
@@ -402,11 +401,10 @@ class BatchedEndpointDriver:
         io = self.io
         if self._writing:
             self._enqueue(io.outbox_datagrams(0), 0)     # keep the order: the queue goes first
-        else:
-            start = self._send_from(None, 0, io.outbox_count)
-            if start < io.outbox_count:
-                self._enqueue(io.outbox_datagrams(start), 0)
-        io.clear_outbox()
+            return
+        start = self._send_from(None, 0, io.outbox_count)
+        if start < io.outbox_count:
+            self._enqueue(io.outbox_datagrams(start), 0)
 
     def _send_from(self, datagrams: Optional[list], start: int, total: int = -1) -> int:
         """Send datagrams[start:] (None: the endpoint's outbox, ``total`` long) until done or

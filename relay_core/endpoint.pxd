@@ -1,4 +1,5 @@
 # The Endpoint's C-level layout, so that other compiled modules can cimport it.
+from cpython.object cimport PyObject
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from relay_core.fragment cimport MemoryBudget
@@ -30,10 +31,10 @@ cdef class Endpoint:
     # The same peers in C, by raw_address_key (open addressing, linear probing): receive_raw
     # finds a DATA packet's peer from the sockaddr recvmmsg wrote, with no Python object.
     cdef Outbox outbox                  # flush_in_place's DATA (zeroed with the object)
-    cdef readonly bint in_place_output  # a BatchSocket sends the outbox (set_admission in_place)
     cdef AddressSlot* address_slots
     cdef Py_ssize_t address_mask        # capacity - 1 (a power of two)
     cdef Py_ssize_t address_count
+    cdef Py_ssize_t peer_size           # bytes of a Peer object, for prefetch_raw
     cdef dict peers
     cdef dict sessions                  # session_id -> connected peer (address migration)
     cdef list closing
@@ -116,6 +117,7 @@ cdef class Endpoint:
 
     cdef void _receive(self, bytes datagram, object address, double now)
     cdef bint receive_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) except -1
+    cdef void prefetch_raw(self, const uint8_t* p, Py_ssize_t n, const void* address) noexcept
     cdef int _on_peer_data(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1
     cdef int _index(self, Peer peer) except -1
     cdef int _grow_index(self) except -1
@@ -124,6 +126,8 @@ cdef class Endpoint:
     cdef list flush_in_place(self, double now)
     cdef list _flush(self, double now, Outbox* box)
     cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1
+    cdef void _prefetch_object(self, PyObject* peer) noexcept
+    cdef void _prefetch_parts(self, Peer peer)
     cdef list _due_peers(self, double now)
     cdef void _schedule(self, Peer peer)
     cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1

@@ -492,8 +492,7 @@ class Lobby:
         closed = broadcast = synthesized = 0
         for room in list(self.rooms.values()):
             synthesized_before = room.synthesized_inputs
-            framed = room.tick(now) is not None
-            if framed:
+            if room.tick(now) is not None:
                 closed += 1
                 broadcast += len(room.members)
                 synthesized += room.synthesized_inputs - synthesized_before
@@ -502,10 +501,6 @@ class Lobby:
             elif self.draining and not room.members:
                 room.end("draining")      # nobody left to finish the match for
             self._settle(room)
-            if framed:
-                # The members' datagrams now, while their state is in cache (with in-place
-                # output; else the flush after the tick builds them).
-                self.endpoint.flush_peers(room.members, now)
             if room.state == ENDED:
                 self._remove(room)
         if closed:
