@@ -26,6 +26,7 @@ from relay.server.room import RUNNING, WAITING, Room, RoomEvent
 from relay.server.scheduler import TickScheduler
 from relay.transport import (
     BATCHED_IO, BatchedEndpointDriver, EndpointDriver, open_batched_driver, open_driver,
+    unfragmented,
 )
 
 def link_info(stats) -> dict:
@@ -135,7 +136,8 @@ class RelayServer:
                 driver = await open_batched_driver(
                     self.endpoint, address, self.on_datagrams, on_error=on_error,
                     read_interval=READ_INTERVAL, receive_buffer=RECEIVE_BUFFER,
-                    max_batches=READ_BATCHES, defer_flush=True)
+                    max_batches=READ_BATCHES, defer_flush=True,
+                    dont_fragment=unfragmented(server.mtu))
             else:
                 driver = await open_driver(self.endpoint, address, self.on_datagrams, on_error=on_error)
         except OSError as error:

@@ -321,18 +321,22 @@ def test_open_batched_driver_binds_and_closes():
     run(scenario())
 
 
-def test_ipv4_datagrams_carry_dont_fragment():
-    """DF set (PROBE: the learned path MTU never fails a send), so the kernel picks no IP ID."""
-    async def scenario():
-        driver = await open_batched_driver(server_endpoint(), ("127.0.0.1", 0), lambda now: None)
+def test_ipv4_datagrams_carry_dont_fragment_when_asked():
+    """DF set (PROBE: the learned path MTU never fails a send), so the kernel picks no IP ID;
+    a server asks for it while its datagrams fit IPv6's minimum MTU."""
+    async def scenario(dont_fragment):
+        driver = await open_batched_driver(server_endpoint(), ("127.0.0.1", 0), lambda now: None,
+                                           dont_fragment=dont_fragment)
         try:
             sock = driver.transport.get_extra_info("socket")
-            assert sock.getsockopt(socket.IPPROTO_IP, transport.IP_MTU_DISCOVER) \
-                == transport.IP_PMTUDISC_PROBE
+            return sock.getsockopt(socket.IPPROTO_IP, transport.IP_MTU_DISCOVER)
         finally:
             driver.close()
 
-    run(scenario())
+    assert run(scenario(True)) == transport.IP_PMTUDISC_PROBE
+    assert run(scenario(False)) != transport.IP_PMTUDISC_PROBE
+    assert transport.unfragmented(1200) and transport.unfragmented(1252)
+    assert not transport.unfragmented(1253) and not transport.unfragmented(9000)
 
 
 def test_eagain_leftovers_wait_in_order_then_go_when_the_socket_is_writable():
@@ -514,6 +518,10 @@ def test_the_relay_server_runs_on_the_batched_driver(tmp_path):
     async def scenario():
         async with running_room(tmp_path, "b", ["a", "b"]) as (server, (a, b)):
             assert isinstance(server.driver, BatchedEndpointDriver)
+            assert server.driver.io.in_place            # its players' DATA in the batch buffers
+            sock = server.driver.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_IP, transport.IP_MTU_DISCOVER) \
+                == transport.IP_PMTUDISC_PROBE          # the default mtu 1200 goes with DF
             await asyncio.gather(a.play_until(60, 5), b.play_until(60, 5))
             assert [f.number for f in a.frames] == list(range(len(a.frames)))
             metrics = server.metrics.render()[0].decode()
@@ -522,5 +530,6 @@ def test_the_relay_server_runs_on_the_batched_driver(tmp_path):
                                    if line.startswith(name + " ")))
                 assert value > 60, name
             assert server.driver.dropped == 0 and server.driver.send_failed == 0
+            assert server.driver.io.taken_in_place > 60
 
     asyncio.run(scenario())
