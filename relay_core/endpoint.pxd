@@ -127,7 +127,6 @@ cdef class Endpoint:
     cdef list _flush(self, double now, Outbox* box)
     cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1
     cdef void _prefetch_object(self, PyObject* peer) noexcept
-    cdef void _prefetch_parts(self, Peer peer)
     cdef list _due_peers(self, double now)
     cdef void _schedule(self, Peer peer)
     cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1

@@ -715,16 +715,14 @@ cdef class Endpoint:
         self.closing.clear()
         cdef list due = self._due_peers(now)
         cdef Py_ssize_t k, count = len(due)
-        # Two stages ahead of the peer being flushed (its state is cold by now: a tick's worth
-        # of other players has passed through the caches since): the peer object, then, once
-        # that is in, the objects it points to.
+        # The peer object a few ahead of the one being flushed (its state is cold by now: a
+        # tick's worth of other players has passed through the caches since). Not the objects
+        # it points to: reaching them takes references, which wait for their memory anyway.
         for k in range(min(count, FLUSH_AHEAD)):
             self._prefetch_object(<PyObject*>due[k])
         for k in range(count):
             if k + FLUSH_AHEAD < count:
                 self._prefetch_object(<PyObject*>due[k + FLUSH_AHEAD])
-            if k + FLUSH_AHEAD // 2 < count:
-                self._prefetch_parts(due[k + FLUSH_AHEAD // 2])
             self._visit(due[k], now, out, box)
         return out
 
@@ -734,15 +732,6 @@ cdef class Endpoint:
             prefetch(<const char*>peer + line)
             line += 64
 
-    cdef void _prefetch_parts(self, Peer peer):
-        cdef object channel
-        prefetch(<PyObject*>peer.rtt)
-        prefetch(<PyObject*>peer.units)
-        prefetch(<PyObject*>peer.block_in)
-        prefetch(<PyObject*>peer.block_out)
-        prefetch(&peer.sent[peer.next_seq & (peer.sent_size - 1)])
-        for channel in peer.send_channels:
-            prefetch(<PyObject*>channel)
 
     cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1:
         """Run the peer's due timers, then flush it and schedule its next visit."""
