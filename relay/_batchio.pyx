@@ -153,7 +153,6 @@ DEFAULT_CACHE_LIMIT = 4096
 """Entries per address cache; a full cache is cleared (spoofed sources cannot grow it)."""
 
 DEF ADMISSION_ROUNDS = 32         # batches one recv may read and refuse whole before it returns
-DEF PREFETCH_AHEAD = 8            # datagrams whose peer is prefetched ahead of the one handled
 
 
 cdef inline bint _is_loss(int err) noexcept nogil:
@@ -389,15 +388,7 @@ cdef class BatchSocket:
         while True:
             r = self._recvmmsg(fd, n)
             self.datagrams_read += r
-            if self.in_place:
-                for i in range(min(r, PREFETCH_AHEAD)):
-                    admission.prefetch_raw(<const uint8_t*>(self.rbuf + i * size), msgs[i].msg_len,
-                                           &self.raddrs[i])
             for i in range(r):
-                if self.in_place and i + PREFETCH_AHEAD < r:
-                    admission.prefetch_raw(<const uint8_t*>(self.rbuf + (i + PREFETCH_AHEAD) * size),
-                                           msgs[i + PREFETCH_AHEAD].msg_len,
-                                           &self.raddrs[i + PREFETCH_AHEAD])
                 if msgs[i].msg_hdr.msg_flags & MSG_TRUNC:
                     self.truncated += 1
                     continue

@@ -1,5 +1,4 @@
 # The Endpoint's C-level layout, so that other compiled modules can cimport it.
-from cpython.object cimport PyObject
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from relay_core.fragment cimport MemoryBudget
@@ -34,7 +33,6 @@ cdef class Endpoint:
     cdef AddressSlot* address_slots
     cdef Py_ssize_t address_mask        # capacity - 1 (a power of two)
     cdef Py_ssize_t address_count
-    cdef Py_ssize_t peer_size           # bytes of a Peer object, for prefetch_raw
     cdef dict peers
     cdef dict sessions                  # session_id -> connected peer (address migration)
     cdef list closing
@@ -117,7 +115,6 @@ cdef class Endpoint:
 
     cdef void _receive(self, bytes datagram, object address, double now)
     cdef bint receive_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) except -1
-    cdef void prefetch_raw(self, const uint8_t* p, Py_ssize_t n, const void* address) noexcept
     cdef int _on_peer_data(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1
     cdef int _index(self, Peer peer) except -1
     cdef int _grow_index(self) except -1
@@ -126,9 +123,9 @@ cdef class Endpoint:
     cdef list flush_in_place(self, double now)
     cdef list _flush(self, double now, Outbox* box)
     cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1
-    cdef void _prefetch_object(self, PyObject* peer) noexcept
     cdef list _due_peers(self, double now)
     cdef void _schedule(self, Peer peer)
+    cdef void _schedule_at(self, Peer peer, double deadline)
     cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1
     cdef DueEntry _due_pop(self) noexcept
     cdef void _due_shrink(self) noexcept

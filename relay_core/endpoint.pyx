@@ -28,7 +28,6 @@ from collections import deque
 
 
 from cpython.buffer cimport PyObject_CheckBuffer
-from cpython.object cimport PyObject, PyTypeObject
 from cpython.mem cimport PyMem_Calloc, PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.string cimport memcmp, memcpy, memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
@@ -65,12 +64,6 @@ from relay_core.sources import source_key
 from relay_core.token import ConnectToken, TokenError, open_token
 from relay_core.wire import DROP_REASONS, REASONS, REASON_CODES
 
-
-cdef extern from *:
-    """
-    #define relay_prefetch(address) __builtin_prefetch(address)
-    """
-    void prefetch "relay_prefetch"(const void* address) nogil
 
 cdef extern from "<arpa/inet.h>" nogil:
     const char* inet_ntop(int family, const void* source, char* out, unsigned int size)
@@ -228,7 +221,6 @@ cdef inline uint64_t request_fingerprint(uint64_t address_key, uint32_t connect_
 
 DEF VERIFIED_KEY_TAG = 0x5645524946494544     # keeps an address's bucket apart from its IP's
 DEF RESEND_KEY_TAG = 0x524553454E445321       # an IP's bucket for resends, apart from its first
-DEF FLUSH_AHEAD = 8                  # peers a flush prefetches ahead of the one it builds
 DEF ADDRESS_SLOTS_MIN = 64           # the address index's first capacity; it doubles at half full
 DEF KNOWN_SLOTS = 131072              # counters per filter (256 KB): few false hits up to ~10 k peers
 DEF UNANSWERED_WORDS = 65536         # 2^22 bits per generation: ~1 % false hits at 130 k/s
@@ -269,7 +261,6 @@ cdef class Endpoint:
             raise MemoryError()
         self.address_mask = ADDRESS_SLOTS_MIN - 1
         self.address_count = 0
-        self.peer_size = (<PyTypeObject*>Peer).tp_basicsize
         self.peers = {}
         self.sessions = {}
         self.closing = []
@@ -572,28 +563,6 @@ cdef class Endpoint:
         self._on_peer_data(peer, p, n, now)
         return True
 
-    cdef void prefetch_raw(self, const uint8_t* p, Py_ssize_t n, const void* address) noexcept:
-        """Ask the CPU for the peer object receive_raw will read for this datagram, without
-        waiting for it: called a few datagrams ahead, the batch's memory reads overlap instead
-        of each stalling in turn (a player's state is cold by the time its next datagram comes)."""
-        cdef Py_ssize_t i, line
-        cdef uint64_t key
-        cdef const char* peer
-        if n < DATA_HEADER_SIZE or p[3] != PT_DATA:
-            return
-        key = raw_address_key(address)
-        i = <Py_ssize_t>(key & <uint64_t>self.address_mask)
-        while self.address_slots[i].key != 0:
-            if self.address_slots[i].key == key:
-                # No reference taken: a Py_INCREF would itself wait for the object's memory.
-                peer = <const char*>self.address_slots[i].peer
-                line = 0
-                while line < self.peer_size:
-                    prefetch(peer + line)
-                    line += 64
-                return
-            i = (i + 1) & self.address_mask
-
     # -- the address index ------------------------------------------------------------------
 
     cdef int _index(self, Peer peer) except -1:
@@ -713,24 +682,9 @@ cdef class Endpoint:
         for peer in self.closing:
             peer.flush(now, self.scratch, out, box)
         self.closing.clear()
-        cdef list due = self._due_peers(now)
-        cdef Py_ssize_t k, count = len(due)
-        # The peer object a few ahead of the one being flushed (its state is cold by now: a
-        # tick's worth of other players has passed through the caches since). Not the objects
-        # it points to: reaching them takes references, which wait for their memory anyway.
-        for k in range(min(count, FLUSH_AHEAD)):
-            self._prefetch_object(<PyObject*>due[k])
-        for k in range(count):
-            if k + FLUSH_AHEAD < count:
-                self._prefetch_object(<PyObject*>due[k + FLUSH_AHEAD])
-            self._visit(due[k], now, out, box)
+        for peer in self._due_peers(now):
+            self._visit(peer, now, out, box)
         return out
-
-    cdef void _prefetch_object(self, PyObject* peer) noexcept:
-        cdef Py_ssize_t line = 0
-        while line < self.peer_size:
-            prefetch(<const char*>peer + line)
-            line += 64
 
 
     cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1:
@@ -770,6 +724,7 @@ cdef class Endpoint:
         cdef list peers = self.dirty
         cdef DueEntry entry
         cdef Peer peer
+        cdef double deadline
         self.dirty = []
         while self.due_count and self.due_heap[0].deadline <= now:
             entry = self._due_pop()
@@ -778,10 +733,11 @@ cdef class Endpoint:
                 continue                        # superseded by an earlier one, or the peer is gone
             peer.queued_deadline = -1.0
             if not peer.dirty:
-                if peer.next_deadline() > now:
+                deadline = peer.next_deadline()
+                if deadline > now:
                     # What was due is gone (an ack retired the message whose RTO it was): no
                     # visit, only a new entry for what is due next.
-                    self._schedule(peer)
+                    self._schedule_at(peer, deadline)
                     continue
                 peer.dirty = True
                 peers.append(peer)
@@ -791,7 +747,10 @@ cdef class Endpoint:
         return [peer for peer in peers if peer.state < STATE_DISCONNECTING]
 
     cdef void _schedule(self, Peer peer):
-        cdef double deadline = peer.next_deadline()
+        self._schedule_at(peer, peer.next_deadline())
+
+    cdef void _schedule_at(self, Peer peer, double deadline):
+        """_schedule with the peer's next_deadline() already at hand."""
         peer.scheduled_deadline = deadline
         if deadline < 0.0 or 0.0 <= peer.queued_deadline <= deadline:
             # Its live entry comes first (or nothing is due): that visit, early at worst, will

@@ -54,6 +54,31 @@ class Server:
         self.sock.close()
 
 
+def connect_client(server, client, sock, family):
+    """Connect ``client`` (an Endpoint) to ``server`` over ``sock``, its socket, in steps of
+    0.1 simulated seconds (at most 1): (the client's peer id, the time reached)."""
+    peer = client.connect(server.address[:2] if family == socket.AF_INET else server.address, 0.0)
+    now = 0.0
+    while not client.is_connected(peer) and now < 1.0:
+        for data, _ in client.datagrams_to_send(now):
+            sock.sendto(data, server.address)
+        server.pump(now)
+        read_into(client, sock, now)
+        now += 0.1
+    assert client.is_connected(peer), server.endpoint.drops
+    return peer, now
+
+
+def read_into(client, sock, now):
+    """Everything waiting on ``sock``, into ``client``."""
+    try:
+        while True:
+            data, source = sock.recvfrom(2048)
+            client.receive(data, source, now)
+    except (TimeoutError, BlockingIOError):
+        pass
+
+
 @pytest.mark.parametrize("family,host", FAMILIES)
 def test_a_client_connects_through_the_admission_and_forgeries_never_reach_python(family, host):
     server = Server(family, host)
@@ -63,20 +88,7 @@ def test_a_client_connects_through_the_admission_and_forgeries_never_reach_pytho
         with socket.socket(family, socket.SOCK_DGRAM) as sock, socket.socket(family, socket.SOCK_DGRAM) as stranger:
             sock.bind((host, 0))
             sock.settimeout(0.05)
-            peer = client.connect(server.address[:2] if family == socket.AF_INET else server.address, 0.0)
-            now = 0.0
-            while not client.is_connected(peer) and now < 1.0:
-                for data, to in client.datagrams_to_send(now):
-                    sock.sendto(data, server.address)
-                server.pump(now)
-                try:
-                    while True:
-                        data, source = sock.recvfrom(2048)
-                        client.receive(data, source, now)
-                except (TimeoutError, BlockingIOError):
-                    pass
-                now += 0.1
-            assert client.is_connected(peer), server.endpoint.drops
+            peer, now = connect_client(server, client, sock, family)
             assert "bad_cookie" not in server.endpoint.drops
 
             # Forged cookies, and DATA from an address without a session: dropped while reading.

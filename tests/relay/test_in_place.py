@@ -5,35 +5,23 @@ receive_batch as (bytes, address), and what either path delivers is the same.
 Over real loopback sockets, IPv4 and IPv6."""
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import pytest
 
 from relay_core import Endpoint, EndpointConfig, MessageReceived
 from relay_core.wire import decode_packet, encode_packet
-from test_admission import FAMILIES, Server
+from test_admission import FAMILIES, Server, connect_client, read_into
 
 
-def _connect(server, client, sock, family):
-    peer = client.connect(server.address[:2] if family == socket.AF_INET else server.address, 0.0)
-    now = 0.0
-    while not client.is_connected(peer) and now < 1.0:
-        for data, _ in client.datagrams_to_send(now):
-            sock.sendto(data, server.address)
-        server.pump(now)
-        _read_into(client, sock, now)
-        now += 0.1
-    assert client.is_connected(peer), server.endpoint.drops
-    return peer, now
-
-
-def _read_into(client, sock, now):
-    try:
-        while True:
-            data, source = sock.recvfrom(2048)
-            client.receive(data, source, now)
-    except (TimeoutError, BlockingIOError):
-        pass
+def _sockets(stack, family, host, count):
+    """``count`` bound client sockets, closed with ``stack``."""
+    socks = [stack.enter_context(socket.socket(family, socket.SOCK_DGRAM)) for _ in range(count)]
+    for sock in socks:
+        sock.bind((host, 0))
+        sock.settimeout(0.05)
+    return socks
 
 
 def _messages(endpoint):
@@ -49,15 +37,11 @@ def test_connected_peers_data_is_taken_in_place_and_the_rest_is_handed_over(fami
     server = Server(family, host)
     server.io.set_admission(server.endpoint, in_place=True)
     try:
-        with socket.socket(family, socket.SOCK_DGRAM) as a_sock, \
-                socket.socket(family, socket.SOCK_DGRAM) as b_sock, \
-                socket.socket(family, socket.SOCK_DGRAM) as other:
-            for sock in (a_sock, b_sock, other):
-                sock.bind((host, 0))
-                sock.settimeout(0.05)
+        with contextlib.ExitStack() as stack:
+            a_sock, b_sock, other = _sockets(stack, family, host, 3)
             a, b = Endpoint(EndpointConfig(seed=3)), Endpoint(EndpointConfig(seed=4))
-            a_peer, now = _connect(server, a, a_sock, family)
-            b_peer, now = _connect(server, b, b_sock, family)
+            a_peer, now = connect_client(server, a, a_sock, family)
+            b_peer, now = connect_client(server, b, b_sock, family)
             _messages(server.endpoint)
             server_a = server.endpoint.indexed_peer(a_sock.getsockname())
             server_b = server.endpoint.indexed_peer(b_sock.getsockname())
@@ -72,7 +56,7 @@ def test_connected_peers_data_is_taken_in_place_and_the_rest_is_handed_over(fami
                         sock.sendto(data, server.address)
                 assert server.pump(now) == []           # nothing of theirs became a Python object
                 for client, sock in ((a, a_sock), (b, b_sock)):
-                    _read_into(client, sock, now)
+                    read_into(client, sock, now)
                 now += 0.05
             got = _messages(server.endpoint)
             assert [p for peer, p in got if peer == server_a] == [b"a%d" % i for i in range(20)]
@@ -106,14 +90,11 @@ def test_connected_peers_data_goes_out_from_the_outbox(family, host):
     server = Server(family, host)
     server.io.set_admission(server.endpoint, in_place=True)
     try:
-        with socket.socket(family, socket.SOCK_DGRAM) as a_sock, \
-                socket.socket(family, socket.SOCK_DGRAM) as b_sock:
-            for sock in (a_sock, b_sock):
-                sock.bind((host, 0))
-                sock.settimeout(0.05)
+        with contextlib.ExitStack() as stack:
+            a_sock, b_sock = _sockets(stack, family, host, 2)
             a, b = Endpoint(EndpointConfig(seed=3)), Endpoint(EndpointConfig(seed=4))
-            a_peer, now = _connect(server, a, a_sock, family)
-            b_peer, now = _connect(server, b, b_sock, family)
+            a_peer, now = connect_client(server, a, a_sock, family)
+            b_peer, now = connect_client(server, b, b_sock, family)
             _messages(a)
             _messages(b)
             server_a = server.endpoint.indexed_peer(a_sock.getsockname())
