@@ -817,6 +817,15 @@ cdef class Endpoint:
             self.due_heap = smaller
             self.due_capacity = capacity
 
+    def bind_sink(self, int peer_id, context):
+        """Hand ``context`` with each of this peer's messages to the sink's ``take_bound``
+        (``None``: to ``take`` again). False when there is no such peer."""
+        cdef Peer peer = self.peers.get(peer_id)
+        if peer is None:
+            return False
+        peer.sink_context = context
+        return True
+
     def set_message_sink(self, sink):
         """Hand one channel's messages to ``sink`` (a relay_core.MessageSink) as they are
         delivered, instead of queueing them as MessageReceived events, whenever the event queue

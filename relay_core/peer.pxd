@@ -38,6 +38,7 @@ cdef struct SentPacket:
 cdef class MessageSink:
     cdef public int channel
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1
+    cpdef bint take_bound(self, int peer_id, object context, bytes payload, double now) except -1
 
 
 cdef class Peer:
@@ -55,6 +56,7 @@ cdef class Peer:
     cdef readonly uint32_t connect_id
     cdef object events
     cdef public MessageSink sink            # takes this channel's messages before they become events
+    cdef public object sink_context         # the sink's own object for this peer (Endpoint.bind_sink)
     cdef bint dirty                         # in the endpoint's list of peers to flush
 
     # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")

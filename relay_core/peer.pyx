@@ -91,6 +91,11 @@ cdef class MessageSink:
     event as usual; if it raises, the message becomes an event too. A server that consumes one
     message kind per player per tick (inputs) skips an event object and a queue round trip for
     each. Subclass in Cython for speed; a Python subclass works too.
+
+    A peer bound to an object of the sink's (``Endpoint.bind_sink``) has its messages go to
+    ``take_bound(peer_id, context, payload, now)`` instead, with that object as ``context``:
+    what the sink would otherwise look up by peer id for every message (a server's room
+    member) comes with the peer the core has already found.
     """
 
     def __init__(self, int channel):
@@ -98,6 +103,9 @@ cdef class MessageSink:
 
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1:
         return False
+
+    cpdef bint take_bound(self, int peer_id, object context, bytes payload, double now) except -1:
+        return self.take(peer_id, payload, now)
 
 
 # A packet is also judged lost once the peer acks one this many packets newer (and sent after
@@ -430,7 +438,9 @@ cdef class Peer:
 
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now):
         try:
-            return sink.take(self.peer_id, payload, now)
+            if self.sink_context is None:
+                return sink.take(self.peer_id, payload, now)
+            return sink.take_bound(self.peer_id, self.sink_context, payload, now)
         except Exception:
             return False            # the message goes on as an event; nothing is lost
 

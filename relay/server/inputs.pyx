@@ -10,10 +10,12 @@ Everything else -- control messages, connects and disconnects, non-canonical or 
 INPUTs, INPUTs from peers in no room -- goes to the lobby's ``on_other(event, now)``, whose
 general path gives the same result for the same message (tests/relay/test_inputs.py).
 
-The router owns the peer -> room mapping the lobby keeps up to date (``seat``, ``unseat``): one
-dict lookup per input finds the room. The compiled relay.server.room exports its ``accept_input`` as
-a C function (``accept_room_input``), which the router calls with no Python call per input;
-relay.server.room running uncompiled (tools/mutation.py mutates its source) is called as Python.
+The router owns the peer -> room mapping the lobby keeps up to date (``seat``, ``unseat``). A
+seated player's peer is also bound to its room member (``Endpoint.bind_sink``), so the core hands
+the member over with each input and no lookup by peer id is made, in the router or in the room.
+The compiled relay.server.room exports its input paths as C functions (``accept_bound_input``,
+``accept_room_input``), which the router calls with no Python call per input; relay.server.room
+running uncompiled (tools/mutation.py mutates its source) is called as Python.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -29,20 +31,27 @@ cdef enum:
 
 ctypedef str (*AcceptRoomInput)(object room, int peer_id, long long frame, bytes payload,
                                 long long have, double now)
-# The capsule's name is the C signature relay/server/room.pxd declares: a mismatch fails the import.
+ctypedef str (*AcceptBoundInput)(object member, long long frame, bytes payload, long long have,
+                                 double now)
+# The capsules' names are the C signatures relay/server/room.pxd declares: a mismatch fails the
+# import.
 cdef const char* ACCEPT_ROOM_INPUT_SIGNATURE = (
     b"PyObject *(PyObject *, int, PY_LONG_LONG, PyObject *, PY_LONG_LONG, double)")
+cdef const char* ACCEPT_BOUND_INPUT_SIGNATURE = (
+    b"PyObject *(PyObject *, PY_LONG_LONG, PyObject *, PY_LONG_LONG, double)")
 
 
-cdef AcceptRoomInput _compiled_accept():
+cdef void* _compiled(str name, const char* signature) except? NULL:
     capi = getattr(room_module, "__pyx_capi__", None)
     if capi is None:            # relay.server.room is running as Python
         return NULL
-    return <AcceptRoomInput>PyCapsule_GetPointer(capi["accept_room_input"],
-                                                 ACCEPT_ROOM_INPUT_SIGNATURE)
+    return PyCapsule_GetPointer(capi[name], signature)
 
 
-cdef AcceptRoomInput accept_room_input = _compiled_accept()
+cdef AcceptRoomInput accept_room_input = <AcceptRoomInput>_compiled(
+    "accept_room_input", ACCEPT_ROOM_INPUT_SIGNATURE)
+cdef AcceptBoundInput accept_bound_input = <AcceptBoundInput>_compiled(
+    "accept_bound_input", ACCEPT_BOUND_INPUT_SIGNATURE)
 
 
 cdef class InputRouter(MessageSink):
@@ -57,39 +66,60 @@ cdef class InputRouter(MessageSink):
     cdef public dict room_of_peer       # peer id -> relay.server.room.Room
     cdef public dict outcomes
     cdef public list refusals           # (peer id, reason)
+    cdef public object endpoint         # binds a seated player's peer to its member (bind_sink)
 
-    def __init__(self):
+    def __init__(self, endpoint=None):
         self.channel = STREAM_CHANNEL
         self.room_of_peer = {}
         self.outcomes = {}
         self.refusals = []
+        self.endpoint = endpoint
 
-    def seat(self, int peer_id, room not None):
-        """Inputs from ``peer_id`` go to ``room`` from now on."""
+    def seat(self, int peer_id, room not None, member=None):
+        """Inputs from ``peer_id`` go to ``room`` from now on; a player's ``member`` (its
+        relay.server.room.Member) is bound to its peer, so they find it with no lookup."""
         self.room_of_peer[peer_id] = room
+        if self.endpoint is not None:
+            self.endpoint.bind_sink(peer_id, member if member is not None and member.slot is not None
+                                    else None)
 
     def unseat(self, int peer_id):
         """``peer_id`` is in no room (any more); nothing if it was in none."""
-        self.room_of_peer.pop(peer_id, None)
+        if self.room_of_peer.pop(peer_id, None) is not None and self.endpoint is not None:
+            self.endpoint.bind_sink(peer_id, None)
 
-    cdef int _accept(self, int peer_id, bytes data, double now, object on_refused) except -1:
+    cpdef bint take_bound(self, int peer_id, object member, bytes payload, double now) except -1:
+        if payload is None:
+            raise TypeError("payload must be bytes, not None")
+        return self._accept(peer_id, member, payload, now, None) == 1
+
+    cdef int _accept(self, int peer_id, object member, bytes data, double now,
+                     object on_refused) except -1:
         """1 when ``data`` is a canonical INPUT from a peer in a room (the room has had it),
-        else 0 (it is for the general path). A refusal goes to ``on_refused``, or waits in
-        ``refusals`` when that is None."""
+        else 0 (it is for the general path). ``member``: the peer's bound room member, or None
+        (the room is looked up). A refusal goes to ``on_refused``, or waits in ``refusals``
+        when that is None."""
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t start, length
         cdef int64_t frame = 0, have = 0
-        cdef str outcome
+        cdef str outcome = None
         if parse_input(p, PyBytes_GET_SIZE(data), &frame, &start, &length, &have) < 0:
             return 0
-        room = self.room_of_peer.get(peer_id)
-        if room is None:
-            return 0
-        payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
-        if accept_room_input != NULL:
-            outcome = accept_room_input(room, peer_id, frame, payload, have, now)
-        else:
-            outcome = room.accept_input(peer_id, frame, payload, have, now)
+        if member is not None:
+            payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
+            if accept_bound_input != NULL:
+                outcome = accept_bound_input(member, frame, payload, have, now)
+            elif member.room is not None:
+                outcome = member.room.accept_member_input(member, frame, payload, have, now)
+        if outcome is None:         # not bound, or the member has left its room
+            room = self.room_of_peer.get(peer_id)
+            if room is None:
+                return 0
+            payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
+            if accept_room_input != NULL:
+                outcome = accept_room_input(room, peer_id, frame, payload, have, now)
+            else:
+                outcome = room.accept_input(peer_id, frame, payload, have, now)
         if outcome.startswith("refused:"):
             if on_refused is None:
                 self.refusals.append((peer_id, outcome[8:]))
@@ -102,7 +132,7 @@ cdef class InputRouter(MessageSink):
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1:
         if payload is None:
             raise TypeError("payload must be bytes, not None")
-        return self._accept(peer_id, payload, now, None) == 1
+        return self._accept(peer_id, None, payload, now, None) == 1
 
     def route(self, endpoint, object on_other, object on_refused, double now):
         """Report the refusals taken since the last call to ``on_refused(peer_id, reason)``,
@@ -120,7 +150,7 @@ cdef class InputRouter(MessageSink):
                 break
             if (type(event) is MessageReceived and (<int>event.channel) == STREAM_CHANNEL
                     and type(event.payload) is bytes
-                    and self._accept(event.peer_id, event.payload, now, on_refused)):
+                    and self._accept(event.peer_id, None, event.payload, now, on_refused)):
                 handled += 1
                 continue
             on_other(event, now)

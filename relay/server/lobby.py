@@ -154,7 +154,7 @@ class Lobby:
         """Source -> its counted rooms alive now (relay_core.sources.source_key)."""
         # INPUTs go from the core straight into their rooms (the STREAM channel's message
         # sink); the router holds who is in which room, the lobby seats and unseats peers.
-        self.inputs = InputRouter()
+        self.inputs = InputRouter(self.endpoint)
         self.inputs.outcomes = self.input_outcomes
         self._room_of_peer: dict[int, Room] = self.inputs.room_of_peer
         self.endpoint.set_message_sink(self.inputs)
@@ -314,7 +314,7 @@ class Lobby:
         except JoinRefused as refusal:
             self._refuse(peer_id, refusal.code, str(refusal))
             return
-        self.inputs.seat(peer_id, room)
+        self.inputs.seat(peer_id, room, member)
         self.counts["joins", "spectator" if member.spectator else "joined"] += 1
         self._settle(room)
 

@@ -14,6 +14,9 @@ cdef class Slot:
     cdef public object away_since
 
 
+cdef class Room
+
+
 cdef class Member:
     cdef public int peer_id
     cdef public str player
@@ -29,13 +32,14 @@ cdef class Member:
     cdef public object missing_from
     cdef public bint reported
     cdef public InputTiming timing
+    cdef public Room room
 
 
 cdef class Room:
     cdef public str room_id
     cdef public object settings
     cdef public Py_ssize_t max_input_bytes
-    cdef public long long max_input_lead
+    cdef readonly long long max_input_lead
     cdef public bint drop_late_inputs
     cdef public int tick_rate
     cdef public object capacity
@@ -49,7 +53,7 @@ cdef class Room:
     cdef public dict members
     cdef public long long open_frame
     cdef public object history
-    cdef public dict pending_inputs
+    cdef public list input_rows         # frame n's inputs by slot: input_rows[n % len], or None
     cdef public list pending_events
     cdef public list last_inputs
     cdef public str missing_input_policy
@@ -65,14 +69,18 @@ cdef class Room:
     cdef public bint broadcast_frames
     cdef readonly CloseTimes close_times
 
-    @cython.locals(member=Member, inputs=dict, outcome=str)
+    @cython.locals(member=Member)
     cpdef str accept_input(self, int peer_id, long long frame, bytes payload, long long have,
                            double now)
+
+    @cython.locals(rows=list, inputs=list, row_index=Py_ssize_t, outcome=str)
+    cpdef str accept_member_input(self, Member member, long long frame, bytes payload,
+                                  long long have, double now)
 
     @cython.locals(timing=InputTiming)
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
-    @cython.locals(received=dict, previous=list, inputs=list, synthesized=list, make_up=bint,
+    @cython.locals(rows=list, received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
                    repeat=bint, index=Py_ssize_t, slot=Slot)
     cpdef tuple collect_inputs(self, long long number)
 
@@ -86,3 +94,9 @@ cdef class Room:
 @cython.locals(typed_room=Room)
 cdef str accept_room_input(object room, int peer_id, long long frame, bytes payload, long long have,
                            double now)
+
+
+# The same for a member handed over with its peer (Endpoint.bind_sink): None when it has left.
+@cython.locals(typed_member=Member, typed_room=Room)
+cdef str accept_bound_input(object member, long long frame, bytes payload, long long have,
+                            double now)

@@ -124,6 +124,8 @@ class Member:
         """It has reported ``have`` at least once."""
         self.timing = timing
         """Players only: input response times and the advice sent."""
+        self.room: Optional[Room] = None
+        """The room while it is a member (the input path reaches the room through it)."""
 
     def __repr__(self) -> str:
         return (f"Member(peer_id={self.peer_id}, player={self.player!r}, slot={self.slot!r}, "
@@ -154,7 +156,11 @@ class Room:
         # The newest frames in memory, the rest in a temporary file: a long match's history
         # would outweigh its players (a delayed spectator's frame is read back each tick).
         self.history = FrameHistory(keep=HISTORY_IN_MEMORY)
-        self.pending_inputs: dict[int, dict[int, bytes]] = {}
+        # Inputs received for the open frame and the max_input_lead frames after it: frame n's
+        # row is input_rows[n % len(input_rows)], None until an input for n arrives, then a
+        # list with a payload (or None) per slot index. The open frame's row is taken when it
+        # closes, so a row never holds two frames, and no dict is made or probed per input.
+        self.input_rows: list = [None] * (self.max_input_lead + 1)
         self.pending_events: list[list] = []
         self.last_inputs: list = []
         """Inputs of the last closed frame: the next frame is encoded relative to them."""
@@ -232,8 +238,7 @@ class Room:
                 raise JoinRefused("room_full", f"room {self.room_id} is full ({self.capacity} players)")
             slot.player, slot.peer_id, slot.ready, slot.away_since = player, peer_id, False, None
             # Nothing of the previous owner's may reach the newcomer's frames or verdicts.
-            for inputs in self.pending_inputs.values():
-                inputs.pop(slot.index, None)
+            self._drop_inputs(slot.index, self.open_frame)
             for by_slot in self.checksums.values():
                 by_slot.pop(slot.index, None)
         member = self._admit(peer_id, player, slot.index, spectator=False)
@@ -248,8 +253,9 @@ class Room:
             # The same player on a new connection (its old one not yet timed out): the newer
             # connection wins, the old one is closed.
             old = self.members.pop(slot.peer_id, None)
+            if old is not None:
+                old.room = None
             self.actions.append(Action("disconnect", slot.peer_id, reason="replaced"))
-            del old
         elif self._slot_expired(slot, now):
             raise JoinRefused("slot_expired", f"player {slot.player}'s slot in {self.room_id} "
                                               f"expired {self.settings.reconnect_grace:g} s after it left")
@@ -284,6 +290,7 @@ class Room:
         if not spectator and self.settings.input_delay_advice:
             member.timing = InputTiming(self.settings.input_delay_window)
         self.members[peer_id] = member
+        member.room = self
         self.empty_since = None
         welcome = Welcome(self.room_id, player, slot, self.tick_rate, self.state, released,
                           history=released, spectator=spectator)
@@ -325,6 +332,7 @@ class Room:
         member = self.members.pop(peer_id, None)
         if member is None:
             return
+        member.room = None
         if member.slot is not None:
             slot = self.slots[member.slot]
             slot.peer_id = None
@@ -336,9 +344,7 @@ class Room:
                 self.pending_events.append([kind, slot.index, slot.player])
                 # The open frame, which holds the leave, is the player's last: inputs it sent
                 # ahead for later frames are dropped (an away slot is nil, section 7).
-                for number, inputs in self.pending_inputs.items():
-                    if number > self.open_frame:
-                        inputs.pop(slot.index, None)
+                self._drop_inputs(slot.index, self.open_frame + 1)
             self.events.append(RoomEvent("timed_out" if reason == "timeout" else "left",
                                          {"player": slot.player, "slot": slot.index,
                                           "reason": reason, "frame": self.open_frame}))
@@ -418,12 +424,19 @@ class Room:
     def accept_input(self, peer_id: int, frame: int, payload: bytes, have: int, now: float) -> str:
         """``on_input`` with the message's fields (relay.server.inputs calls it for every canonical
         INPUT); ``now`` < 0: the input is not timed."""
+        member = self.members.get(peer_id)
+        if member is None:
+            if type(payload) is not bytes:
+                raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+            return "refused:not_a_player"
+        return self.accept_member_input(member, frame, payload, have, now)
+
+    def accept_member_input(self, member: Member, frame: int, payload: bytes, have: int,
+                            now: float) -> str:
+        """``accept_input`` for a member already at hand (``member.room`` is this room)."""
         if type(payload) is not bytes:
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-        member = self.members.get(peer_id)
         outcome = ACCEPTED
-        if member is None:
-            return "refused:not_a_player"
         slot = member.slot
         if slot is None:
             return "refused:not_a_player"
@@ -442,14 +455,36 @@ class Room:
             frame, outcome = self.open_frame, LATE
         elif frame > self.open_frame + self.max_input_lead:
             return "refused:too_far_ahead"
-        inputs = self.pending_inputs.get(frame)
+        rows = self.input_rows
+        row_index = frame % len(rows)
+        inputs = rows[row_index]
         if inputs is None:
-            inputs = {}
-            self.pending_inputs[frame] = inputs
-        if slot in inputs:
+            inputs = [None] * self.capacity
+            rows[row_index] = inputs
+        if inputs[slot] is not None:
             return "duplicate" if outcome == ACCEPTED else "refused:late_dropped"
         inputs[slot] = payload
         return outcome
+
+    def _drop_inputs(self, slot_index: int, first: int) -> None:
+        """Forget the inputs buffered for slot ``slot_index`` for frame ``first`` and later."""
+        rows = self.input_rows
+        for number in range(max(first, self.open_frame), self.open_frame + len(rows)):
+            inputs = rows[number % len(rows)]
+            if inputs is not None:
+                inputs[slot_index] = None
+
+    def buffered_inputs(self) -> dict[int, dict[int, bytes]]:
+        """The inputs waiting for their frame to close: frame -> slot index -> payload."""
+        rows = self.input_rows
+        buffered = {}
+        for number in range(self.open_frame, self.open_frame + len(rows)):
+            inputs = rows[number % len(rows)]
+            if inputs is not None:
+                held = {index: value for index, value in enumerate(inputs) if value is not None}
+                if held:
+                    buffered[number] = held
+        return buffered
 
     def _time_input(self, member: Member, frame: int, have: int, now: float) -> None:
         """How long after frame ``have`` closed this input arrived: the input was sent for frame
@@ -572,7 +607,9 @@ class Room:
     def collect_inputs(self, number: int) -> tuple[list, list]:
         """Frame ``number``'s input per slot from those received for it, a connected player's
         missing one made up by missing_input_policy: (inputs, synthesized slot indexes)."""
-        received = self.pending_inputs.pop(number, None)
+        rows = self.input_rows
+        received = rows[number % len(rows)]
+        rows[number % len(rows)] = None
         previous = self.last_inputs
         inputs = []
         synthesized = []
@@ -582,7 +619,7 @@ class Room:
             if slot is None:
                 raise TypeError("slots must hold Slot objects, not None")
             index = slot.index
-            value = received.get(index) if received is not None else None
+            value = received[index] if received is not None else None
             if value is None and make_up and slot.peer_id is not None:
                 if repeat:
                     value = previous[index] if 0 <= index < len(previous) else None
@@ -688,6 +725,17 @@ def accept_room_input(room: Room, peer_id: int, frame: int, payload: bytes, have
     compiled (no Python call per input); ``room`` must be a Room."""
     typed_room = room       # a Room in relay/server/room.pxd: the type is checked, the call is C
     return typed_room.accept_input(peer_id, frame, payload, have, now)
+
+
+def accept_bound_input(member: Member, frame: int, payload: bytes, have: int, now: float) -> str:
+    """``member.room.accept_member_input(member, ...)`` for a member the core handed over with
+    its peer (relay.server.inputs), as a C function like accept_room_input; None when the member
+    has left its room (the caller takes the general path)."""
+    typed_member = member
+    typed_room = typed_member.room
+    if typed_room is None:
+        return None
+    return typed_room.accept_member_input(typed_member, frame, payload, have, now)
 
 
 def desync_verdict(checksums: dict[str, int]) -> tuple[str, list[list[str]], list[str]]:

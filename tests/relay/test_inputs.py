@@ -16,9 +16,11 @@ import pytest
 from relay import protocol
 from relay.config import RelayConfig
 from relay.protocol import CONTROL, STREAM, Input
+from relay.server.inputs import InputRouter
 from relay.server.room import Room
 from relay.server import RelayServer
-from relay_core import ChannelConfig, Endpoint, EndpointConfig, MessageReceived, PeerDisconnected
+from relay_core import (ChannelConfig, Endpoint, EndpointConfig, MessageReceived, MessageSink,
+                        PeerDisconnected)
 from relay_core.simlink import LinkedPair
 
 def packed_input(frame, payload, have, **options) -> bytes:
@@ -122,9 +124,9 @@ def test_inputs_reach_the_room_and_the_metrics_as_through_the_general_path(monke
     if through_sink:        # 18 on time, a duplicate, 3 refusals; then a non-canonical one queues
         assert fast_server.taken == 22
         assert not fast_server.lobby.inputs.refusals          # reported by the next route()
-    assert fast_room.pending_inputs == slow_room.pending_inputs
-    assert fast_room.pending_inputs[3] == {0: b"1:3", 1: b"2:3", 2: b"3:3"}
-    assert fast_room.pending_inputs[9] == {0: b"on time", 1: b"hi"}   # "hi" took the slow path
+    assert fast_room.buffered_inputs() == slow_room.buffered_inputs()
+    assert fast_room.buffered_inputs()[3] == {0: b"1:3", 1: b"2:3", 2: b"3:3"}
+    assert fast_room.buffered_inputs()[9] == {0: b"on time", 1: b"hi"}   # "hi" took the slow path
     assert [(m.peer_id, m.have) for m in fast_room.members.values()] == \
            [(m.peer_id, m.have) for m in slow_room.members.values()]
     assert fast_server.endpoint.sent == slow_server.endpoint.sent    # the same notices
@@ -141,6 +143,79 @@ def test_inputs_reach_the_room_and_the_metrics_as_through_the_general_path(monke
 
 
 # -- one frame to many peers ---------------------------------------------------------------------
+
+class BindingEndpoint:
+    """The part of Endpoint the router binds peers with."""
+
+    def __init__(self):
+        self.bound: dict[int, object] = {}
+
+    def bind_sink(self, peer_id, context):
+        self.bound[peer_id] = context
+        return True
+
+
+def seated_room() -> tuple[InputRouter, BindingEndpoint, Room]:
+    config = RelayConfig()
+    config.rooms = dataclasses.replace(config.rooms, capacity=4, start_players=2)
+    room = Room("r", config.rooms, 30, 0.0)
+    endpoint = BindingEndpoint()
+    router = InputRouter(endpoint)
+    for peer in (1, 2):
+        router.seat(peer, room, room.join(peer, f"p{peer}", False, 0.0))
+    router.seat(3, room, room.join(3, "watcher", True, 0.0))
+    room.take_actions()
+    return router, endpoint, room
+
+
+def test_a_players_peer_is_bound_to_its_member_while_seated():
+    router, endpoint, room = seated_room()
+    assert endpoint.bound == {1: room.members[1], 2: room.members[2], 3: None}   # 3: a spectator
+    router.unseat(2)
+    router.unseat(7)                            # in no room: nothing to unbind
+    assert endpoint.bound[2] is None and 7 not in endpoint.bound
+
+
+def test_a_bound_input_is_buffered_as_a_looked_up_one_and_a_left_member_takes_the_general_path():
+    router, endpoint, room = seated_room()
+    member = room.members[1]
+    assert router.take_bound(1, member, packed_input(0, b"bound", -1), 0.1)
+    assert router.take(2, packed_input(0, b"looked up", -1), 0.1)
+    assert router.take_bound(1, member, packed_input(0, b"again", -1), 0.1)
+    assert room.buffered_inputs() == {0: {0: b"bound", 1: b"looked up"}}
+    assert router.outcomes == {"accepted": 2, "duplicate": 1}
+    room.detach(1, "left", 0.2)                 # still seated: the room refuses it, as take() would
+    assert router.take_bound(1, member, packed_input(1, b"gone", 0), 0.2)
+    assert router.refusals == [(1, "not_a_player")]
+    router.unseat(1)                            # in no room: for the general path
+    assert not router.take_bound(1, member, packed_input(1, b"gone", 0), 0.2)
+    assert not router.take_bound(2, room.members[2], b"\xc1garbage", 0.2)
+    assert room.buffered_inputs() == {0: {0: b"bound", 1: b"looked up"}}   # the leave frame's
+
+
+def test_the_core_hands_a_bound_peers_messages_to_take_bound_with_its_context():
+    pair = connected_pair()
+    calls = []
+
+    class Sink(MessageSink):
+        def take(self, peer_id, payload, now):
+            calls.append(("take", payload))
+            return True
+
+        def take_bound(self, peer_id, context, payload, now):
+            calls.append((context, payload))
+            return True
+
+    pair.server.set_message_sink(Sink(STREAM))
+    assert not pair.server.bind_sink(12345, "nobody")
+    assert pair.server.bind_sink(pair.server_peer, "member")
+    pair.client.send(pair.client_peer, STREAM, b"one")
+    pair.run(0.2)
+    assert pair.server.bind_sink(pair.server_peer, None)
+    pair.client.send(pair.client_peer, STREAM, b"two")
+    pair.run(0.2)
+    assert calls == [("member", b"one"), ("take", b"two")]
+
 
 def frames_by_peer(room: Room) -> dict[int, list[bytes]]:
     out: dict[int, list[bytes]] = {}

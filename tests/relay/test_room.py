@@ -396,6 +396,47 @@ def test_inputs_are_accepted_for_the_open_frame_and_up_to_max_input_lead_ahead()
     assert harness.input(bob, 4 + 3, b"ok") == "accepted"
 
 
+def test_inputs_up_to_the_lead_ahead_close_in_their_own_frames_as_the_buffer_wraps():
+    # Frame n's inputs share a row with frame n + lead + 1: each row must be empty again by
+    # the time the later frame can use it.
+    harness, (alice, bob) = running(max_input_lead=2)
+    for frame in range(3):
+        assert harness.input(alice, frame, b"a%d" % frame) == "accepted"
+    for number in range(12):
+        assert harness.input(bob, number, b"b%d" % number) == "accepted"
+        assert harness.input(alice, number + 2, b"a%d" % (number + 2)) in ("accepted", "duplicate")
+        assert harness.input(alice, number + 3, b"x") == "refused:too_far_ahead"
+        harness.tick()
+    assert [f.inputs for f in alice.frames] == [[b"a%d" % n, b"b%d" % n] for n in range(12)]
+    assert harness.room.buffered_inputs() == {12: {0: b"a12"}, 13: {0: b"a13"}}
+
+
+def test_buffered_inputs_shows_what_waits_for_each_frame_by_slot():
+    harness, (alice, bob) = running(max_input_lead=5)
+    harness.tick(2)
+    assert harness.room.buffered_inputs() == {}
+    harness.input(bob, 4, b"b4")
+    harness.input(alice, 2, b"a2")
+    harness.input(alice, 7, b"a7")
+    assert harness.room.buffered_inputs() == {2: {0: b"a2"}, 4: {1: b"b4"}, 7: {0: b"a7"}}
+    harness.room.detach(alice.peer_id, "left", 0.0)      # keeps its open frame's input only
+    assert harness.room.buffered_inputs() == {2: {0: b"a2"}, 4: {1: b"b4"}}
+
+
+def test_a_member_knows_its_room_only_while_it_is_in_it():
+    harness, (alice, bob) = running()
+    room = harness.room
+    member = room.members[alice.peer_id]
+    assert member.room is room
+    room.detach(alice.peer_id, "left", 0.0)
+    assert member.room is None
+    harness.join("alice")                               # reclaims slot 0 on a new peer
+    again = room.members[harness.next_peer - 1]
+    assert again.room is room
+    room.join(99, "alice", False, 0.0)                  # the same player again: replaces it
+    assert again.room is None and room.members[99].room is room
+
+
 def test_oversized_input_is_refused_and_max_size_is_accepted():
     harness, (alice, bob) = running(max_input_bytes=8)
     assert harness.input(alice, 0, b"x" * 9) == "refused:too_large"
