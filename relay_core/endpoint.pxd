@@ -20,7 +20,8 @@ cdef struct AddressSlot:
 
 cdef struct DueEntry:
     double deadline
-    int peer_id
+    int peer_id                         # ties broken by peer id, so the order is reproducible
+    void* peer                          # borrowed from peers, or from retired once it is closed
     unsigned long long generation       # the peer's schedule_generation when it was pushed
 
 
@@ -40,12 +41,14 @@ cdef class Endpoint:
     # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
     # idle peers then pays nothing per call for them.
     cdef list dirty                     # Peers, each once (its dirty flag says it is here)
-    # A binary min-heap of (deadline, peer_id, generation) in C: pushed on every visit, so a
+    # A binary min-heap of (deadline, peer, generation) in C: pushed on every visit, so a
     # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
-    # whose generation is no longer the peer's are superseded and dropped when they surface.
+    # whose generation is no longer the peer's are superseded and dropped when they surface;
+    # so are a closed peer's, which ``retired`` keeps alive until then (_retire).
     cdef DueEntry* due_heap
     cdef Py_ssize_t due_count
     cdef Py_ssize_t due_capacity
+    cdef list retired
     cdef list control_out              # handshake replies waiting for datagrams_to_send
     cdef object events
     cdef MessageSink message_sink      # None, or every peer's sink (set_message_sink)
@@ -126,7 +129,9 @@ cdef class Endpoint:
     cdef list _due_peers(self, double now)
     cdef void _schedule(self, Peer peer)
     cdef void _schedule_at(self, Peer peer, double deadline)
-    cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1
+    cdef int _due_push(self, double deadline, Peer peer) except -1
+    cdef void _retire(self, Peer peer)
+    cdef void _due_sift_down(self, Py_ssize_t i) noexcept
     cdef DueEntry _due_pop(self) noexcept
     cdef void _due_shrink(self) noexcept
     cdef bytes _cookie_mac(self, object address, uint32_t connect_id, uint32_t cookie_time, bytes token)

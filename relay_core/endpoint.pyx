@@ -265,6 +265,7 @@ cdef class Endpoint:
         self.sessions = {}
         self.closing = []
         self.dirty = []
+        self.retired = []
         self.control_out = []
         self.events = deque()
         self.refusal_counts = {}
@@ -711,8 +712,8 @@ cdef class Endpoint:
         if self.control_out or self.closing or self.dirty:
             return 0.0
         while self.due_count:
-            peer = self.peers.get(self.due_heap[0].peer_id)
-            if peer is not None and peer.schedule_generation == self.due_heap[0].generation:
+            peer = <Peer>self.due_heap[0].peer
+            if not peer.removed and peer.schedule_generation == self.due_heap[0].generation:
                 return self.due_heap[0].deadline
             self._due_pop()                     # superseded, or the peer is gone
         return None
@@ -728,8 +729,8 @@ cdef class Endpoint:
         self.dirty = []
         while self.due_count and self.due_heap[0].deadline <= now:
             entry = self._due_pop()
-            peer = self.peers.get(entry.peer_id)
-            if peer is None or peer.schedule_generation != entry.generation:
+            peer = <Peer>entry.peer
+            if peer.removed or peer.schedule_generation != entry.generation:
                 continue                        # superseded by an earlier one, or the peer is gone
             peer.queued_deadline = -1.0
             if not peer.dirty:
@@ -752,16 +753,16 @@ cdef class Endpoint:
     cdef void _schedule_at(self, Peer peer, double deadline):
         """_schedule with the peer's next_deadline() already at hand."""
         peer.scheduled_deadline = deadline
-        if deadline < 0.0 or 0.0 <= peer.queued_deadline <= deadline:
+        if deadline < 0.0 or 0.0 <= peer.queued_deadline <= deadline or peer.removed:
             # Its live entry comes first (or nothing is due): that visit, early at worst, will
             # reschedule it. A peer flushed every tick whose deadline keeps moving later (an ack
             # retires an RTO) thus costs no heap entry per flush: one per deadline reached.
             return
         peer.schedule_generation += 1
         peer.queued_deadline = deadline
-        self._due_push(deadline, peer.peer_id, peer.schedule_generation)
+        self._due_push(deadline, peer)
 
-    cdef int _due_push(self, double deadline, int peer_id, unsigned long long generation) except -1:
+    cdef int _due_push(self, double deadline, Peer peer) except -1:
         cdef Py_ssize_t i, parent, capacity
         cdef DueEntry* grown
         cdef DueEntry entry
@@ -773,8 +774,9 @@ cdef class Endpoint:
             self.due_heap = grown
             self.due_capacity = capacity
         entry.deadline = deadline
-        entry.peer_id = peer_id
-        entry.generation = generation
+        entry.peer_id = peer.peer_id
+        entry.peer = <void*>peer
+        entry.generation = peer.schedule_generation
         i = self.due_count
         self.due_count += 1
         while i > 0:
@@ -786,27 +788,47 @@ cdef class Endpoint:
         self.due_heap[i] = entry
         return 0
 
+    cdef void _retire(self, Peer peer):
+        """A peer leaves ``peers``: the heap's entries for it are void, and ``retired`` keeps it
+        alive while they are there (they borrow it). Once closed peers are a good share of the
+        heap, their entries go at once and ``retired`` is emptied."""
+        cdef Py_ssize_t i, kept = 0
+        peer.removed = True
+        self.retired.append(peer)
+        if len(self.retired) < 64 + self.due_count // 8:
+            return
+        for i in range(self.due_count):
+            if not (<Peer>self.due_heap[i].peer).removed:
+                self.due_heap[kept] = self.due_heap[i]
+                kept += 1
+        self.due_count = kept
+        for i in range(kept // 2 - 1, -1, -1):
+            self._due_sift_down(i)
+        self.retired = []
+
+    cdef void _due_sift_down(self, Py_ssize_t i) noexcept:
+        cdef DueEntry entry = self.due_heap[i]
+        cdef Py_ssize_t child, n = self.due_count
+        while True:
+            child = 2 * i + 1
+            if child >= n:
+                break
+            if child + 1 < n and due_before(&self.due_heap[child + 1], &self.due_heap[child]):
+                child += 1
+            if not due_before(&self.due_heap[child], &entry):
+                break
+            self.due_heap[i] = self.due_heap[child]
+            i = child
+        self.due_heap[i] = entry
+
     cdef DueEntry _due_pop(self) noexcept:
         """Remove and return the earliest entry (the heap must not be empty)."""
         cdef DueEntry top = self.due_heap[0]
-        cdef DueEntry last
-        cdef Py_ssize_t i = 0, child, n
         self.due_count -= 1
-        n = self.due_count
-        if n:
-            last = self.due_heap[n]
-            while True:
-                child = 2 * i + 1
-                if child >= n:
-                    break
-                if child + 1 < n and due_before(&self.due_heap[child + 1], &self.due_heap[child]):
-                    child += 1
-                if not due_before(&self.due_heap[child], &last):
-                    break
-                self.due_heap[i] = self.due_heap[child]
-                i = child
-            self.due_heap[i] = last
-        if self.due_capacity > 4096 and n < self.due_capacity // 8:
+        if self.due_count:
+            self.due_heap[0] = self.due_heap[self.due_count]
+            self._due_sift_down(0)
+        if self.due_capacity > 4096 and self.due_count < self.due_capacity // 8:
             self._due_shrink()
         return top
 
@@ -1523,6 +1545,7 @@ cdef class Endpoint:
         """Remove a peer now; with code >= 0 a DISCONNECT goes out in the next flush."""
         cdef SendChannel channel
         if self.peers.pop(peer.peer_id, None) is not None:
+            self._retire(peer)
             for channel in peer.send_channels:
                 self.closed_resends += channel.resends
                 self.closed_spurious_resends += channel.spurious_resends

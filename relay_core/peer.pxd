@@ -58,6 +58,7 @@ cdef class Peer:
     cdef public MessageSink sink            # takes this channel's messages before they become events
     cdef public object sink_context         # the sink's own object for this peer (Endpoint.bind_sink)
     cdef bint dirty                         # in the endpoint's list of peers to flush
+    cdef bint removed                       # out of the endpoint's peers: its heap entries are void
 
     # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
     cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag

@@ -265,3 +265,44 @@ def test_only_peers_with_work_due_are_flushed_and_next_timeout_tracks_the_earlie
     # Once their heartbeats are due, every idle peer gets one.
     sent = server.datagrams_to_send(quiet_since + 0.6)
     assert len({to for _, to in sent}) == 5
+
+
+def test_closing_most_peers_leaves_the_others_timers_intact():
+    """The flush schedule borrows its peers: closing them (enough at once that their entries
+    are swept out of it) must leave every other peer's timer in place, and the closed ones
+    get nothing more than their DISCONNECT."""
+    server = Endpoint(EndpointConfig(accept_connections=True, seed=1, heartbeat_interval=0.5))
+    count = 160
+    clients = [Endpoint(EndpointConfig(seed=10 + i)) for i in range(count)]
+    addresses = [("10.8.%d.%d" % (i // 200, i % 200), 1) for i in range(count)]
+    where = {address: i for i, address in enumerate(addresses)}
+    for client in clients:
+        client.connect(SERVER, 0.0)
+    now = 0.0
+
+    def exchange():
+        for i, client in enumerate(clients):
+            for datagram, _ in client.datagrams_to_send(now):
+                server.receive(datagram, addresses[i], now)
+        sent = server.datagrams_to_send(now)
+        for datagram, to in sent:
+            clients[where[to]].receive(datagram, SERVER, now)
+        return sent
+
+    for _ in range(20):
+        now += 0.01
+        exchange()
+    assert server.peer_count == count
+    closed = server.peer_ids[:140]
+    kept = {server.peer_address(p) for p in server.peer_ids[140:]}
+    gone = {server.peer_address(p) for p in closed}
+    for peer_id in closed:
+        assert server.disconnect(peer_id)
+    assert {to for _, to in server.datagrams_to_send(now)} == gone      # the DISCONNECTs
+    assert server.peer_count == 20
+    heard = set()
+    for _ in range(150):            # 1.5 s: three heartbeat intervals
+        now += 0.01
+        heard |= {to for _, to in server.datagrams_to_send(now)}
+        assert server.next_timeout() is None or server.next_timeout() <= now + 0.5
+    assert heard == kept
