@@ -430,6 +430,7 @@ cdef class Endpoint:
             return False
         self._touch(peer)
         self.output_pending = True
+        peer.blocks_busy = True
         return peer.block_out.enqueue(data)
 
     def disconnect(self, int peer_id, str reason="closed"):

@@ -1,6 +1,6 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from relay_core.seqbuf cimport SequenceBuffer
-from relay_core.rtt cimport RttEstimator
+from relay_core.rtt cimport Rtt
 from relay_core.redundancy cimport LinkState, LINK_CLEAN
 from relay_core.channel cimport SentUnits
 from relay_core.fragment cimport MemoryBudget
@@ -42,32 +42,104 @@ cdef class MessageSink:
 
 
 cdef class Peer:
+    # Hot: what every datagram received and every flush reads or writes, first and together, so
+    # a peer costs as few cache lines per tick as the fields allow (a server touches thousands
+    # of peers between two visits to one).
     cdef readonly int peer_id
+    cdef readonly int state
+    cdef bint dirty                         # in the endpoint's list of peers to flush
+    cdef bint removed                       # out of the endpoint's peers: its heap entries are void
+    cdef bint sealed                        # DATA, DISCONNECT and PATH packets sealed (token mode)
+    # False: neither block_in nor block_out has anything to do, so the per-packet paths need not
+    # look at them. Set when a slice arrives or a block is queued (the only ways either gets
+    # work); cleared once both are found idle.
+    cdef bint blocks_busy
+    cdef bint adaptive                  # redundancy_policy == "adaptive": the controller decides
+    cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
+    cdef int mtu
+    cdef int max_datagrams
+    cdef int channel_count
+    cdef readonly uint32_t session_id
+    cdef uint64_t address_key
     cdef public unsigned long long schedule_generation   # which entry of the endpoint's heap is current
     cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
     cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
-    cdef readonly object address
-    # The address in C, for the endpoint's address index (Endpoint._index): a sockaddr_in or
-    # sockaddr_in6 (28 bytes), and its raw_address_key; 0: not in the index.
-    cdef uint8_t raw_address[28]
-    cdef uint64_t address_key
-    cdef readonly int state
-    cdef readonly uint32_t session_id
-    cdef readonly uint32_t connect_id
-    cdef object events
+
+    # packet sequence numbers and acks
+    cdef uint16_t next_seq
+    cdef bint has_received
+    cdef uint16_t latest_received
+    cdef uint16_t highest_acked        # newest of our packets the peer has acked
+    cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
+    cdef uint16_t gap_cursor            # oldest of our packets not yet judged by an ack gap
+    cdef uint16_t latest_remote_send_time
+    cdef uint32_t received_bits
+    cdef uint32_t stamp
+    cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
+    cdef double latest_received_at
+    cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
+    cdef int sent_size                  # sent_packet_buffer (a power of two)
+    cdef SentUnits units
+    cdef SequenceBuffer received_packets
+
+    # timers
+    cdef double last_send_at
+    cdef double last_receive_at
+    cdef double ack_due
+    cdef double peer_timeout
+    cdef double heartbeat_interval
+    cdef double ack_delay
+
+    # pacing, copies, the RTT estimate and the redundancy controller (docs/PROTOCOL.md 11.5, 12.4, 12.5)
+    cdef double tokens
+    cdef double tokens_at
+    cdef double send_rate
+    cdef double token_capacity
+    cdef Py_ssize_t redundancy_budget
+    cdef int congested_copies
+    cdef int prompt_copies
+    cdef int redundancy_copies
+    cdef double copy_wait
+    cdef double reorder_tolerance
+    cdef Rtt rtt
+
+    # channels, blocks and where messages go
+    cdef list send_channels
+    cdef list redundant_channels
+    cdef list recv_channels
+    cdef list delivered
     cdef public MessageSink sink            # takes this channel's messages before they become events
     cdef public object sink_context         # the sink's own object for this peer (Endpoint.bind_sink)
-    cdef bint dirty                         # in the endpoint's list of peers to flush
-    cdef bint removed                       # out of the endpoint's peers: its heap entries are void
+    cdef object events
+    cdef readonly BlockSender block_out
+    cdef BlockReceiver block_in
+
+    # counters
+    cdef readonly uint64_t packets_sent
+    cdef readonly uint64_t packets_received
+    cdef readonly uint64_t bytes_sent
+    cdef readonly uint64_t bytes_received
+    cdef readonly uint64_t packets_acked
+    cdef readonly uint64_t packets_lost
+    cdef readonly uint64_t messages_received
+    cdef readonly uint64_t gap_losses           # packets judged lost by an ack gap
 
     # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
-    cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
-    cdef bint sealed                        # DATA, DISCONNECT and PATH packets sealed (token mode)
-    cdef uint8_t send_key[32]               # the session's ChaCha20-Poly1305 keys (relay_core.aead):
-    cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
     cdef readonly uint64_t send_counter     # counter of our next DATA/DISCONNECT; next_seq is its low 16 bits
     cdef readonly uint64_t recv_counter     # highest packet counter from the peer that authenticated
     cdef readonly bint has_recv_counter
+    cdef uint8_t send_key[32]               # the session's ChaCha20-Poly1305 keys (relay_core.aead):
+    cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
+
+    # the redundancy controller's link state (docs/PROTOCOL.md 12.5) and the address in C
+    cdef LinkState link
+    # The address in C, for the endpoint's address index (Endpoint._index): a sockaddr_in or
+    # sockaddr_in6 (28 bytes), and its raw_address_key; 0: not in the index.
+    cdef uint8_t raw_address[28]
+
+    # Cold: the handshake, token claims, path validation, the loss estimate
+    cdef readonly object address
+    cdef readonly uint32_t connect_id
     cdef readonly object token              # client: the ConnectToken it connects with
     cdef readonly object claims             # server: TokenClaims of the connection's token
     cdef readonly bytes accept_packet       # server: the ACCEPT a repeated CONNECT_RESPONSE gets again
@@ -87,72 +159,10 @@ cdef class Peer:
     cdef double connect_resend_interval
     cdef int disconnect_code
 
-    # packet sequence numbers and acks
-    cdef uint16_t next_seq
-    cdef bint has_received
-    cdef uint16_t latest_received
-    cdef uint32_t received_bits
-    cdef uint16_t latest_remote_send_time
-    cdef double latest_received_at
-    cdef SequenceBuffer received_packets
-    cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
-    cdef int sent_size                  # sent_packet_buffer (a power of two)
-    cdef SentUnits units
-    cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
-    cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
-    cdef uint32_t stamp
-    cdef uint16_t highest_acked        # newest of our packets the peer has acked
-
     # loss estimate: packets that fell out of the ack window without being acked
     cdef uint16_t loss_cursor
     cdef readonly double loss
-
-    # ack-gap loss detection and the redundancy controller (docs/PROTOCOL.md 11.5, 12.4, 12.5)
-    cdef bint adaptive                  # redundancy_policy == "adaptive": the controller decides
-    cdef int redundancy_copies
-    cdef double copy_wait
-    cdef double reorder_tolerance
-    cdef uint16_t gap_cursor            # oldest of our packets not yet judged by an ack gap
-    cdef readonly uint64_t gap_losses           # packets judged lost by an ack gap
-    cdef LinkState link
-
-    cdef readonly RttEstimator rtt
-    cdef list send_channels
-    cdef list redundant_channels
-    cdef list recv_channels
-    cdef int channel_count
     cdef MemoryBudget reassembly
-    cdef readonly BlockSender block_out
-    cdef BlockReceiver block_in
-    cdef list delivered
-
-    # timers
-    cdef double last_send_at
-    cdef double last_receive_at
-    cdef double ack_due
-    cdef double peer_timeout
-    cdef double heartbeat_interval
-    cdef double ack_delay
-    cdef int mtu
-    cdef int max_datagrams
-
-    # pacing and copies
-    cdef double tokens
-    cdef double tokens_at
-    cdef double send_rate
-    cdef double token_capacity
-    cdef Py_ssize_t redundancy_budget
-    cdef int congested_copies
-    cdef int prompt_copies
-
-    # counters
-    cdef readonly uint64_t packets_sent
-    cdef readonly uint64_t packets_received
-    cdef readonly uint64_t bytes_sent
-    cdef readonly uint64_t bytes_received
-    cdef readonly uint64_t packets_acked
-    cdef readonly uint64_t packets_lost
-    cdef readonly uint64_t messages_received
 
     cpdef int _transition(self, int trigger) except -1
     cpdef bint allows(self, int trigger)
@@ -183,6 +193,20 @@ cdef class Peer:
         """Whether redundant channels write copies now: always under the "always" policy,
         under "adaptive" unless the controller's last word was "clean"."""
         return not self.adaptive or self.link.mode != LINK_CLEAN
+
+    cdef inline bint block_ack_owed(self):
+        """block_in owes the peer a BLOCK_ACK."""
+        return self.blocks_busy and self._blocks_still_busy() and self.block_in.ack_owed
+
+    cdef inline bint block_sending(self):
+        """block_out has a block in flight."""
+        return self.blocks_busy and self._blocks_still_busy() and self.block_out.active()
+
+    cdef inline bint _blocks_still_busy(self):
+        if self.block_in.ack_owed or self.block_out.active():
+            return True
+        self.blocks_busy = False
+        return False
 
     cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""

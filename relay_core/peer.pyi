@@ -6,7 +6,6 @@ from typing import Any
 from relay_core.block import BlockSender
 from relay_core.config import EndpointConfig
 from relay_core.fragment import MemoryBudget
-from relay_core.rtt import RttEstimator
 from relay_core.token import ConnectToken, TokenClaims
 
 DISCONNECT_COPIES: int
@@ -62,8 +61,6 @@ class Peer:
     def loss(self) -> float: ...
     @property
     def gap_losses(self) -> int: ...
-    @property
-    def rtt(self) -> RttEstimator: ...
     @property
     def block_out(self) -> BlockSender: ...
     @property

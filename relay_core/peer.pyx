@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from relay_core.aead cimport AEAD_KEY_SIZE, AEAD_NONCE_SIZE, aead_open, aead_seal
 from relay_core.seqbuf cimport SequenceBuffer
-from relay_core.rtt cimport RttEstimator
+from relay_core.rtt cimport Rtt, rtt_add_sample, rtt_init
 from relay_core.redundancy cimport (
     LinkState, link_init, link_judged, link_rtt, link_update, link_burst_length,
     LINK_CLEAN, LINK_LOSSY, LINK_BURSTY, LINK_CONGESTED,
@@ -162,7 +162,7 @@ cdef class Peer:
                   config.congestion_delay, config.congestion_hold, config.min_rtt_window, now)
 
         # The handshake replaces this with the ack delay the peer announces.
-        self.rtt = RttEstimator(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
+        rtt_init(&self.rtt, config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
         # Everything this peer holds counts against its own cap and, through the parent,
         # against the endpoint's receive budget (the block budget's parent).
         self.reassembly = MemoryBudget(config.reassembly_limit, block_budget.parent)
@@ -416,6 +416,7 @@ cdef class Peer:
                     self.messages_received += len(self.delivered)
                     self.delivered.clear()
             elif r.kind == RK_BLOCK_SLICE:
+                self.blocks_busy = True
                 rc = self.block_in.on_slice(&r, p, self.delivered)
                 if self.delivered:
                     block_id, data = self.delivered.pop()
@@ -494,7 +495,7 @@ cdef class Peer:
             # echo_time is our send_time plus the time the peer held our packet (PROTOCOL.md).
             sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
             if sample < 60.0:
-                self.rtt.add_sample(sample)
+                rtt_add_sample(&self.rtt, sample)
                 link_rtt(&self.link, sample, self.rtt.srtt, now)
             if self.adaptive:
                 self.detect_gaps(h.ack, now)
@@ -596,7 +597,7 @@ cdef class Peer:
 
     cdef bint must_send(self, double now):
         """An ack, block ack or heartbeat is due: a datagram goes out even past the window."""
-        return ((self.ack_due >= 0.0 and now >= self.ack_due) or self.block_in.ack_owed
+        return ((self.ack_due >= 0.0 and now >= self.ack_due) or self.block_ack_owed()
                 or now - self.last_send_at >= self.heartbeat_interval)
 
     cdef bint wants_send(self, double now):
@@ -610,7 +611,7 @@ cdef class Peer:
         for channel in self.send_channels:
             if channel.has_unsent():
                 return True
-        if self.block_out.active():
+        if self.block_sending():
             self.refill(now)
             if self.tokens > 0 and self.block_out.has_due(now, self.rtt.rto):
                 return True
@@ -662,7 +663,8 @@ cdef class Peer:
             for channel in self.send_channels:
                 pos = channel.write(self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
             carries_messages = pos > DATA_HEADER_SIZE
-            pos = self.block_in.write_ack(buf, pos, end)
+            if self.blocks_busy:
+                pos = self.block_in.write_ack(buf, pos, end)
             # Discretionary bytes only while the pacing budget lasts. Copies ride only with new or
             # resent messages: on an ack-only datagram they would make the peer ack back, and so on.
             if self.tokens > 0:
@@ -672,7 +674,7 @@ cdef class Peer:
                             pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
                                                           copies, max_copies, prompt_copies, now,
                                                           late_copy)
-                if self.block_out.active():
+                if self.block_sending():
                     pos = self.block_out.write(buf, pos, end, now, self.rtt.rto)
             h.session_id = self.session_id
             h.seq = self.next_seq
@@ -728,9 +730,9 @@ cdef class Peer:
         for channel in self.send_channels:
             if channel.has_unsent():
                 return True
-        if self.block_in.ack_owed:
+        if self.block_ack_owed():
             return True
-        return self.tokens > 0 and self.block_out.active() and self.block_out.has_due(now, self.rtt.rto)
+        return self.tokens > 0 and self.block_sending() and self.block_out.has_due(now, self.rtt.rto)
 
     cdef void flush_handshake(self, double now, list out):
         cdef int i
@@ -793,7 +795,7 @@ cdef class Peer:
             return -1.0
         if self.state != STATE_CONNECTED:
             return min(self.next_handshake_at, self.created_at + self.connect_timeout)
-        if self.block_in.ack_owed:
+        if self.block_ack_owed():
             return 0.0
         deadline = min(self.last_receive_at + self.peer_timeout, self.last_send_at + self.heartbeat_interval)
         if self.ack_due >= 0.0:
@@ -807,7 +809,7 @@ cdef class Peer:
             d = channel.next_deadline()
             if d >= 0.0:
                 deadline = min(deadline, d)
-        if self.block_out.active():
+        if self.block_sending():
             d = self.block_out.next_resend(self.rtt.rto)
             if self.block_out.has_unsent():
                 # Unsent slices go as soon as the window and the pacing budget allow.

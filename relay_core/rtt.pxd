@@ -1,10 +1,18 @@
-cdef class RttEstimator:
-    cdef readonly double srtt          # smoothed round trip, seconds
-    cdef readonly double rttvar        # smoothed mean deviation, seconds
-    cdef readonly double rto           # retransmission timeout for a first send, seconds
-    cdef readonly bint has_sample
-    cdef readonly double rto_min
-    cdef readonly double rto_max
-    cdef public double peer_ack_delay  # longest the peer may hold an ack, seconds
+# The RTT estimate a peer keeps inline (one of its hot fields, not an object of its own):
+# rtt_init sets it up, rtt_add_sample takes a sample. RttEstimator wraps one for Python callers.
+cdef struct Rtt:
+    double srtt                 # smoothed round trip, seconds
+    double rttvar               # smoothed mean deviation, seconds
+    double rto                  # retransmission timeout for a first send, seconds
+    bint has_sample
+    double rto_min
+    double rto_max
+    double peer_ack_delay       # longest the peer may hold an ack, seconds
 
-    cpdef void add_sample(self, double rtt) noexcept
+cdef void rtt_init(Rtt* r, double initial_rto, double rto_min, double rto_max,
+                   double peer_ack_delay) noexcept nogil
+cdef void rtt_add_sample(Rtt* r, double sample) noexcept nogil
+
+
+cdef class RttEstimator:
+    cdef Rtt state

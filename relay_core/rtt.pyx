@@ -13,25 +13,52 @@ in the frame-sync thesis to beat ENet's doubling under loss) lives with the mess
 cdef double GRANULARITY = 0.002
 
 
-cdef class RttEstimator:
-    def __init__(self, double initial_rto, double rto_min, double rto_max, double peer_ack_delay=0.0):
-        self.rto_min = rto_min
-        self.rto_max = rto_max
-        self.rto = min(max(initial_rto, rto_min), rto_max)
-        self.srtt = 0.0
-        self.rttvar = 0.0
-        self.has_sample = False
-        self.peer_ack_delay = peer_ack_delay
+cdef void rtt_init(Rtt* r, double initial_rto, double rto_min, double rto_max,
+                   double peer_ack_delay) noexcept nogil:
+    r.rto_min = rto_min
+    r.rto_max = rto_max
+    r.rto = min(max(initial_rto, rto_min), rto_max)
+    r.srtt = 0.0
+    r.rttvar = 0.0
+    r.has_sample = False
+    r.peer_ack_delay = peer_ack_delay
 
-    cpdef void add_sample(self, double rtt) noexcept:
-        if rtt < 0.0:
-            return
-        if not self.has_sample:
-            self.srtt = rtt
-            self.rttvar = rtt / 2.0
-            self.has_sample = True
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = min(max(self.srtt + max(4.0 * self.rttvar, GRANULARITY) + self.peer_ack_delay,
-                           self.rto_min), self.rto_max)
+
+cdef void rtt_add_sample(Rtt* r, double sample) noexcept nogil:
+    if sample < 0.0:
+        return
+    if not r.has_sample:
+        r.srtt = sample
+        r.rttvar = sample / 2.0
+        r.has_sample = True
+    else:
+        r.rttvar = 0.75 * r.rttvar + 0.25 * abs(r.srtt - sample)
+        r.srtt = 0.875 * r.srtt + 0.125 * sample
+    r.rto = min(max(r.srtt + max(4.0 * r.rttvar, GRANULARITY) + r.peer_ack_delay, r.rto_min),
+                r.rto_max)
+
+
+cdef class RttEstimator:
+    """One Rtt, for Python callers (tests): the same functions a peer uses."""
+
+    def __init__(self, double initial_rto, double rto_min, double rto_max, double peer_ack_delay=0.0):
+        rtt_init(&self.state, initial_rto, rto_min, rto_max, peer_ack_delay)
+
+    def add_sample(self, double rtt):
+        rtt_add_sample(&self.state, rtt)
+
+    @property
+    def srtt(self):
+        return self.state.srtt
+
+    @property
+    def rttvar(self):
+        return self.state.rttvar
+
+    @property
+    def rto(self):
+        return self.state.rto
+
+    @property
+    def has_sample(self):
+        return self.state.has_sample
