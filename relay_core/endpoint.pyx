@@ -415,7 +415,7 @@ cdef class Endpoint:
                                  f"({largest - peer.reserve} bytes)")
             self._touch(peer)
             self.output_pending = True
-            sender = peer.send_channels[channel]
+            sender = peer.send_channel(channel)
             if not sender.queue(payload) and peer.state == STATE_CONNECTED:
                 refused.append(peer_id)
         return refused

@@ -81,6 +81,11 @@ cdef uint32_t NO_PACKET = 0xFFFFFFFF     # the tag of an empty SentPacket slot (
 cdef int INITIAL_SENT_UNITS = 32
 
 
+# Where a channel puts the messages one record completes, until on_data hands them on: one list
+# for every peer (deliveries never nest), so no peer has a list of its own to bring into cache.
+cdef list DELIVERED = []
+
+
 cdef class MessageSink:
     """Takes one channel's messages as they are delivered, before they become events.
 
@@ -167,7 +172,6 @@ cdef class Peer:
         # against the endpoint's receive budget (the block budget's parent).
         self.reassembly = MemoryBudget(config.reassembly_limit, block_budget.parent)
         self.send_channels = []
-        self.redundant_channels = []
         self.recv_channels = []
         for index, channel in enumerate(config.channels):
             sender = make_send_channel(
@@ -176,17 +180,20 @@ cdef class Peer:
                 whole_limit=config.max_whole_message - reserve,
                 max_fragments_in_flight=config.max_fragments_in_flight,
                 max_resends=config.max_resends, rto_limit=config.rto_limit)
-            self.send_channels.append(sender)
-            if (<SendChannel>sender).mode == MODE_REDUNDANT:
-                self.redundant_channels.append(sender)
-            self.recv_channels.append(make_receive_channel(
+            receiver = make_receive_channel(
                 index, channel.mode, window=channel.window, budget=self.reassembly,
-                max_message_size=config.max_message_size))
+                max_message_size=config.max_message_size)
+            self.send_channels.append(sender)
+            self.recv_channels.append(receiver)
+            if (<SendChannel>sender).mode == MODE_REDUNDANT:
+                self.redundant_mask |= 1u << index
+            if index < INLINE_CHANNELS:
+                self.channel_at[2 * index] = <void*>sender
+                self.channel_at[2 * index + 1] = <void*>receiver
         self.channel_count = len(self.send_channels)
         self.block_out = BlockSender(config.session_slice_size(reserve), config.block_window,
                                      config.max_queued_blocks)
         self.block_in = BlockReceiver(config.max_block_size, block_budget)
-        self.delivered = []
 
         self.last_send_at = now
         self.last_receive_at = now
@@ -363,6 +370,7 @@ cdef class Peer:
         cdef uint8_t nonce[AEAD_NONCE_SIZE]
         cdef bytes opened
         cdef uint8_t* out
+        cdef list delivered = DELIVERED
         if self.sealed:
             # Authenticate before anything else: a forged or altered packet changes no state
             # (acks, RTT, the received-packet buffer, the idle timer) and is never answered.
@@ -406,20 +414,20 @@ cdef class Peer:
                 if r.channel >= self.channel_count:
                     status = -(DROP_UNKNOWN_CHANNEL + 1)
                     break
-                rc = (<ReceiveChannel>self.recv_channels[r.channel]).on_record(&r, p, self.delivered)
-                if self.delivered:
+                rc = self.recv_channel(r.channel).on_record(&r, p, delivered)
+                if delivered:
                     sink = self.sink
-                    for payload in self.delivered:
+                    for payload in delivered:
                         if sink is None or r.channel != sink.channel or self.events \
                                 or not self._sink_takes(sink, payload, now):
                             self.events.append(MessageReceived(self.peer_id, r.channel, payload))
-                    self.messages_received += len(self.delivered)
-                    self.delivered.clear()
+                    self.messages_received += len(delivered)
+                    delivered.clear()
             elif r.kind == RK_BLOCK_SLICE:
                 self.blocks_busy = True
-                rc = self.block_in.on_slice(&r, p, self.delivered)
-                if self.delivered:
-                    block_id, data = self.delivered.pop()
+                rc = self.block_in.on_slice(&r, p, delivered)
+                if delivered:
+                    block_id, data = delivered.pop()
                     self.events.append(BlockReceived(self.peer_id, block_id, data))
             else:
                 rc = self.block_out.on_ack(&r, p)
@@ -528,7 +536,7 @@ cdef class Peer:
             return
         for u in range(start, start + packet.unit_count):
             unit = &units.ring[u & (units.capacity - 1)]
-            (<SendChannel>self.send_channels[unit.channel]).on_ack(unit.msg_id, unit.fragment, packet.time)
+            self.send_channel(unit.channel).on_ack(unit.msg_id, unit.fragment, packet.time)
 
     cdef void detect_gaps(self, uint16_t newest, double now):
         """The peer holds ``newest``: judge every older packet of ours sent more than the
@@ -557,13 +565,12 @@ cdef class Peer:
         cdef uint64_t count = packet.unit_count
         cdef SentUnits units = self.units
         cdef SentUnit* unit
-        cdef list channels = self.send_channels
         self.gap_losses += 1
         if not units.holds(start):
             return
         for u in range(start, start + count):
             unit = &units.ring[u & (units.capacity - 1)]
-            (<SendChannel>channels[unit.channel]).on_lost(unit.msg_id, packet.stamp, now)
+            self.send_channel(unit.channel).on_lost(unit.msg_id, packet.stamp, now)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -601,15 +608,15 @@ cdef class Peer:
                 or now - self.last_send_at >= self.heartbeat_interval)
 
     cdef bint wants_send(self, double now):
-        cdef SendChannel channel
+        cdef int i
         if self.state != STATE_CONNECTED:
             return self.state != STATE_CLOSED
         if self.must_send(now):
             return True
         if not self.window_open(now):
             return False
-        for channel in self.send_channels:
-            if channel.has_unsent():
+        for i in range(self.channel_count):
+            if self.send_channel(i).has_unsent():
                 return True
         if self.block_sending():
             self.refill(now)
@@ -621,7 +628,7 @@ cdef class Peer:
         """Append this peer's datagrams for ``now`` to ``out`` as (bytes, address); its DATA goes
         into ``box`` instead when there is one and the peer's address is a sockaddr (in the
         endpoint's address index). ``buf``: scratch of at least mtu bytes."""
-        cdef int k
+        cdef int k, i
         cdef SentPacket* packet
         cdef Py_ssize_t pos, end = self.mtu - self.reserve
         cdef DataHeader h
@@ -660,8 +667,8 @@ cdef class Peer:
             self.keep_unacked_units()
             units_start = self.units.head
             pos = DATA_HEADER_SIZE
-            for channel in self.send_channels:
-                pos = channel.write(self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
+            for i in range(self.channel_count):
+                pos = self.send_channel(i).write(self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
             carries_messages = pos > DATA_HEADER_SIZE
             if self.blocks_busy:
                 pos = self.block_in.write_ack(buf, pos, end)
@@ -669,7 +676,10 @@ cdef class Peer:
             # resent messages: on an ack-only datagram they would make the peer ack back, and so on.
             if self.tokens > 0:
                 if carries_messages:
-                    for channel in self.redundant_channels:
+                    for i in range(self.channel_count):
+                        if not (self.redundant_mask >> i) & 1:
+                            continue
+                        channel = self.send_channel(i)
                         if copies or channel.overdue:
                             pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
                                                           copies, max_copies, prompt_copies, now,
@@ -726,9 +736,9 @@ cdef class Peer:
         return 0
 
     cdef bint _more_to_send(self, double now):
-        cdef SendChannel channel
-        for channel in self.send_channels:
-            if channel.has_unsent():
+        cdef int i
+        for i in range(self.channel_count):
+            if self.send_channel(i).has_unsent():
                 return True
         if self.block_ack_owed():
             return True
@@ -767,7 +777,7 @@ cdef class Peer:
         """Run expiries; returns a disconnect reason when the peer must go, else None."""
         cdef SendChannel channel
         cdef double deadline
-        cdef int mode
+        cdef int mode, i
         if self.state == STATE_CONNECTING or self.state == STATE_CHALLENGED:
             return "connect_timeout" if now - self.created_at >= self.connect_timeout else None
         if self.state != STATE_CONNECTED:
@@ -777,7 +787,8 @@ cdef class Peer:
         # An expiry on a path without recent loss, or with a filling queue, is more likely a
         # late ack than a lost message (the "always" policy has no such view: it resends).
         mode = link_update(&self.link, now) if self.adaptive else LINK_LOSSY
-        for channel in self.send_channels:
+        for i in range(self.channel_count):
+            channel = self.send_channel(i)
             deadline = channel.next_deadline()
             if deadline >= 0.0 and now >= deadline:
                 channel.expire(now, mode == LINK_CLEAN or mode == LINK_CONGESTED)
@@ -789,6 +800,7 @@ cdef class Peer:
         """Earliest time at which check_timers or flush has work; 0.0 means now."""
         cdef double deadline, d, ready, token_ready
         cdef SendChannel channel
+        cdef int i
         if self.state == STATE_DISCONNECTING:
             return 0.0
         if self.state == STATE_CLOSED:
@@ -803,7 +815,8 @@ cdef class Peer:
         # Work waiting only for the ack window is due when the window reopens; acks that open
         # it sooner arrive through receive(), after which the caller flushes anyway.
         ready = 0.0 if seq_diff(self.next_seq, self.highest_acked) <= ACK_WINDOW else self.window_reopens()
-        for channel in self.send_channels:
+        for i in range(self.channel_count):
+            channel = self.send_channel(i)
             if channel.has_unsent():
                 deadline = min(deadline, ready)
             d = channel.next_deadline()

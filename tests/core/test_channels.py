@@ -219,3 +219,28 @@ def test_sent_unit_ring_never_grows_past_its_limit_and_acks_still_repair():
     pair.run(10.0)
     assert received(pair.server_events, RELIABLE) == burst
     assert received(pair.server_events, REDUNDANT) == burst
+
+
+def test_channels_past_the_first_four_work_like_the_first():
+    """A peer reaches its first INLINE_CHANNELS channels without its channel lists; the rest
+    through them. Eight channels, every mode twice, under loss: each delivers as its mode says."""
+    modes = ("reliable_ordered", "redundant", "unreliable_sequenced", "unreliable")
+    channels = tuple(ChannelConfig(modes[i % 4], window=16) for i in range(8))
+    pair = make_pair(loss=0.2, delay=0.02, seed=21, channels=channels)
+    pair.connect()
+    sent = {channel: [b"c%d-%03d" % (channel, i) for i in range(60)] for channel in range(8)}
+    for i in range(60):
+        for channel in range(8):
+            assert pair.client.send(pair.client_peer, channel, sent[channel][i])
+            assert pair.server.send(pair.server_peer, channel, sent[channel][i])
+        pair.run(0.03)
+    pair.run(3.0)
+    for channel in range(8):
+        for events in (pair.server_events, pair.client_events):
+            got = received(events, channel)
+            if modes[channel % 4] in ("reliable_ordered", "redundant"):
+                assert got == sent[channel], channel
+            else:
+                assert 0 < len(got) < 60 and set(got) <= set(sent[channel]), channel
+    stats = pair.client.peer_stats(pair.client_peer)
+    assert stats.redundant_bytes > 0
