@@ -1,3 +1,4 @@
+from cpython.ref cimport PyObject
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.fragment cimport MemoryBudget
@@ -48,7 +49,8 @@ cdef class SentUnits:
 
 
 cdef struct OutMessage:
-    # Doubles first and small fields packed together: one per window slot per peer.
+    # Doubles first and small fields packed together: one per window slot per peer, 64 bytes.
+    PyObject* payload           # owned: bytes, or the list of its fragments (bytes); NULL if free
     double first_sent           # < 0: never sent
     double deadline             # next RTO expiry
     double rto
@@ -57,6 +59,7 @@ cdef struct OutMessage:
     uint32_t record_size        # wire bytes of the whole-message record
     uint16_t fragments_unacked
     uint16_t resends
+    uint16_t msg_id             # the id held in this slot, while in_use
     uint8_t in_use
     uint8_t needs_write         # never sent, or due for an RTO resend
     uint8_t fragment_count      # 1 = sent as one MESSAGE record
@@ -104,10 +107,11 @@ cdef class UnreliableSendChannel(SendChannel):
 
 cdef class ReliableSendChannel(SendChannel):
     cdef int window
-    cdef SequenceBuffer slots
+    # Message id i in flight is msgs[i & (capacity - 1)] (a power of two, grown up to window),
+    # which names the id it holds: no separate table of ids, no list of payloads.
     cdef OutMessage* msgs
-    cdef list payloads                  # bytes, or list of fragment bytes
-    cdef list fragment_acks             # None, or bytearray of per-fragment ack flags
+    cdef int capacity
+    cdef list fragment_acks             # None, or bytearray of per-fragment ack flags, by slot
     cdef uint16_t oldest                # oldest unacked message id (== next_id when empty)
     cdef int unsent                     # in-window messages with needs_write
     cdef int fragments_in_flight
@@ -126,6 +130,11 @@ cdef class ReliableSendChannel(SendChannel):
     cdef void admit(self)
     cdef void resize(self, int capacity) except *
     cdef void finish(self, OutMessage* m, int slot)
+
+    cdef inline OutMessage* held(self, uint16_t msg_id) noexcept:
+        """Message ``msg_id`` while it is in flight, else NULL."""
+        cdef OutMessage* m = &self.msgs[msg_id & (self.capacity - 1)]
+        return m if m.in_use and m.msg_id == msg_id else NULL
 
 
 cdef class RedundantSendChannel(ReliableSendChannel):

@@ -20,6 +20,7 @@ from collections import deque
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_CLEAR
 from libc.string cimport memset
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -202,34 +203,35 @@ cdef class ReliableSendChannel(SendChannel):
         self.overdue = 0
 
     def __dealloc__(self):
+        cdef int i
+        if self.msgs != NULL:
+            for i in range(self.capacity):
+                Py_XDECREF(self.msgs[i].payload)
         PyMem_Free(self.msgs)
 
     cdef void resize(self, int capacity) except *:
         """Storage for ``capacity`` ids (a power of two): every message in flight moves to its
-        slot in the new ring."""
-        cdef SequenceBuffer slots = SequenceBuffer(capacity)
+        slot in the new ring, its payload reference with it."""
         cdef OutMessage* msgs = <OutMessage*>PyMem_Malloc(capacity * sizeof(OutMessage))
-        cdef list payloads = [None] * capacity
         cdef list fragment_acks = None if self.fragment_acks is None else [None] * capacity
         cdef uint16_t msg_id = self.oldest
-        cdef int old_slot, new_slot
+        cdef OutMessage* m
+        cdef int new_slot
         if msgs == NULL:
             raise MemoryError()
         memset(msgs, 0, capacity * sizeof(OutMessage))
         if self.msgs != NULL:
             while msg_id != self.next_id:
-                if self.slots.contains(msg_id):
-                    old_slot = self.slots.slot(msg_id)
-                    new_slot = slots.insert(msg_id)
-                    msgs[new_slot] = self.msgs[old_slot]
-                    payloads[new_slot] = self.payloads[old_slot]
+                m = self.held(msg_id)
+                if m != NULL:
+                    new_slot = msg_id & (capacity - 1)
+                    msgs[new_slot] = m[0]
                     if fragment_acks is not None:
-                        fragment_acks[new_slot] = self.fragment_acks[old_slot]
+                        fragment_acks[new_slot] = self.fragment_acks[msg_id & (self.capacity - 1)]
                 msg_id += 1
             PyMem_Free(self.msgs)
-        self.slots = slots
         self.msgs = msgs
-        self.payloads = payloads
+        self.capacity = capacity
         self.fragment_acks = fragment_acks
 
     cdef Py_ssize_t queued(self):
@@ -263,25 +265,28 @@ cdef class ReliableSendChannel(SendChannel):
                 count = 1
             self.pending.popleft()
             self.pending_count -= 1
-            if <uint16_t>(self.next_id - self.oldest) >= self.slots.size:
-                self.resize(self.slots.size * 2)
-            slot = self.slots.insert(self.next_id)
+            if <uint16_t>(self.next_id - self.oldest) >= self.capacity:
+                self.resize(self.capacity * 2)
+            slot = self.next_id & (self.capacity - 1)
             m = &self.msgs[slot]
             memset(m, 0, sizeof(OutMessage))
+            m.msg_id = self.next_id
             m.in_use = True
             m.needs_write = True
             m.fragment_count = count
             m.fragments_unacked = count
             m.first_sent = -1.0
             if count == 1:
-                self.payloads[slot] = payload
+                stored = payload
                 m.record_size = message_record_size(len(payload))
             else:
-                self.payloads[slot] = split_message(payload, self.fragment_size)
+                stored = split_message(payload, self.fragment_size)
                 if self.fragment_acks is None:
-                    self.fragment_acks = [None] * self.slots.size
+                    self.fragment_acks = [None] * self.capacity
                 self.fragment_acks[slot] = bytearray(count)
                 self.fragments_in_flight += count
+            Py_INCREF(stored)
+            m.payload = <PyObject*>stored
             self.unsent += 1
             self.next_id += 1
 
@@ -304,19 +309,19 @@ cdef class ReliableSendChannel(SendChannel):
         if self.pending_count > 0:
             self.admit()
         while self.unsent > 0 and msg_id != self.next_id:
-            slot = self.slots.slot(msg_id)
-            m = &self.msgs[slot]
-            if not (m.in_use and m.needs_write and self.slots.contains(msg_id)):
+            slot = msg_id & (self.capacity - 1)
+            m = self.held(msg_id)
+            if m == NULL or not m.needs_write:
                 msg_id += 1
                 continue
             if m.fragment_count == 1:
                 if pos + m.record_size > end:
                     return pos
-                payload = self.payloads[slot]
+                payload = <bytes>m.payload
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
                 units.add(self.channel_id, msg_id, 0)
             else:
-                fragments = self.payloads[slot]
+                fragments = <list>m.payload
                 acks = self.fragment_acks[slot]
                 while m.next_fragment < m.fragment_count:
                     frag = m.next_fragment
@@ -352,10 +357,10 @@ cdef class ReliableSendChannel(SendChannel):
 
     cdef void on_ack(self, uint16_t msg_id, int fragment, double sent_at):
         """``sent_at``: when the acknowledged datagram was sent."""
-        cdef int slot = self.slots.slot(msg_id)
-        cdef OutMessage* m = &self.msgs[slot]
+        cdef int slot = msg_id & (self.capacity - 1)
+        cdef OutMessage* m = self.held(msg_id)
         cdef bytearray acks
-        if not (m.in_use and self.slots.contains(msg_id)):
+        if m == NULL:
             return
         if m.fragment_count == 1 and m.resends > 0 and sent_at < m.written_at:
             # The first send got through: every resend was for nothing. A resend got through:
@@ -375,11 +380,10 @@ cdef class ReliableSendChannel(SendChannel):
         if m.overdue:
             self.overdue -= 1
         m.in_use = False
-        self.slots.remove(msg_id)
-        self.payloads[slot] = None
+        Py_CLEAR(m.payload)
         if m.fragment_count > 1:
             self.fragment_acks[slot] = None
-        while self.oldest != self.next_id and not self.slots.contains(self.oldest):
+        while self.oldest != self.next_id and self.held(self.oldest) == NULL:
             self.oldest += 1
 
     cdef void expire(self, double now, bint lateness_likely):
@@ -399,8 +403,8 @@ cdef class ReliableSendChannel(SendChannel):
                           and self.stream_interval > 0.0
                           and now - self.last_new_at <= 2.0 * self.stream_interval)
         while msg_id != self.next_id:
-            m = &self.msgs[self.slots.slot(msg_id)]
-            if m.in_use and m.first_sent >= 0.0 and self.slots.contains(msg_id):
+            m = self.held(msg_id)
+            if m != NULL and m.first_sent >= 0.0:
                 if now >= m.deadline and m.overdue:
                     # The stream stopped before a datagram could carry it: resend it now.
                     m.overdue = False
@@ -439,13 +443,13 @@ cdef class ReliableSendChannel(SendChannel):
         cdef OutMessage* m
         messages = []
         while msg_id != self.next_id:
-            m = &self.msgs[self.slots.slot(msg_id)]
-            if m.in_use and self.slots.contains(msg_id):
+            m = self.held(msg_id)
+            if m != NULL:
                 messages.append(dict(msg_id=msg_id, needs_write=m.needs_write, resends=m.resends,
                                      first_sent=m.first_sent, deadline=m.deadline, rto=m.rto,
                                      copies=m.copies))
             msg_id += 1
-        return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent, slots=self.slots.size,
+        return dict(oldest=self.oldest, next_id=self.next_id, unsent=self.unsent, slots=self.capacity,
                     pending=self.queued() - <uint16_t>(self.next_id - self.oldest), earliest_deadline=self.earliest_deadline,
                     resends=self.resends, fast_resends=self.fast_resends,
                     spurious_resends=self.spurious_resends,
@@ -484,7 +488,7 @@ cdef class RedundantSendChannel(ReliableSendChannel):
         last send (policy always). Fragmented messages are left to RTO: they cannot ride along.
         """
         cdef int count = <uint16_t>(self.next_id - self.oldest)
-        cdef int i, start = count, slot
+        cdef int i, start = count
         cdef uint16_t msg_id
         cdef Py_ssize_t total = 0
         cdef Py_ssize_t limit = min(budget, end - pos)
@@ -493,10 +497,8 @@ cdef class RedundantSendChannel(ReliableSendChannel):
         i = count - 1
         while i >= 0:
             msg_id = <uint16_t>(self.oldest + i)
-            slot = self.slots.slot(msg_id)
-            m = &self.msgs[slot]
-            if copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after) \
-                    and self.slots.contains(msg_id):
+            m = self.held(msg_id)
+            if m != NULL and copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after):
                 if total + m.record_size > limit:
                     break
                 total += m.record_size
@@ -504,11 +506,9 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             i -= 1
         for i in range(start, count):
             msg_id = <uint16_t>(self.oldest + i)
-            slot = self.slots.slot(msg_id)
-            m = &self.msgs[slot]
-            if copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after) \
-                    and self.slots.contains(msg_id):
-                payload = self.payloads[slot]
+            m = self.held(msg_id)
+            if m != NULL and copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after):
+                payload = <bytes>m.payload
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
                 units.add(self.channel_id, msg_id, 0)
                 m.stamp = stamp
@@ -534,9 +534,8 @@ cdef class RedundantSendChannel(ReliableSendChannel):
         Only whole messages: a fragmented one keeps its RTO. The RTO restarts without backoff
         (the path evidently works), and the resend counts towards ``max_resends``.
         """
-        cdef int slot = self.slots.slot(msg_id)
-        cdef OutMessage* m = &self.msgs[slot]
-        if not (m.in_use and self.slots.contains(msg_id)) or m.fragment_count != 1:
+        cdef OutMessage* m = self.held(msg_id)
+        if m == NULL or m.fragment_count != 1:
             return
         if m.needs_write or m.stamp != stamp:
             return

@@ -9,10 +9,10 @@ cdef class SequenceBuffer:
     cdef readonly int size
 
     cdef inline int slot(self, uint16_t seq) noexcept nogil:
-        return seq % self.size
+        return seq & (self.size - 1)        # size is a power of two: no division
 
     cdef inline bint contains(self, uint16_t seq) noexcept nogil:
-        return self.tags[seq % self.size] == seq
+        return self.tags[seq & (self.size - 1)] == seq
 
     cdef int insert(self, uint16_t seq) noexcept nogil
     cdef void remove(self, uint16_t seq) noexcept nogil

@@ -27,12 +27,12 @@ cdef class SequenceBuffer:
         PyMem_Free(self.tags)
 
     cdef int insert(self, uint16_t seq) noexcept nogil:
-        cdef int index = seq % self.size
+        cdef int index = seq & (self.size - 1)
         self.tags[index] = seq
         return index
 
     cdef void remove(self, uint16_t seq) noexcept nogil:
-        cdef int index = seq % self.size
+        cdef int index = seq & (self.size - 1)
         if self.tags[index] == seq:
             self.tags[index] = EMPTY_TAG
 

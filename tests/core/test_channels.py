@@ -244,3 +244,31 @@ def test_channels_past_the_first_four_work_like_the_first():
                 assert 0 < len(got) < 60 and set(got) <= set(sent[channel]), channel
     stats = pair.client.peer_stats(pair.client_peer)
     assert stats.redundant_bytes > 0
+
+
+def test_a_send_window_holds_each_payload_once_and_lets_go_of_it():
+    """The send window keeps its payloads as C references: acked ones are released, and
+    whatever is still queued or in flight goes with the endpoint."""
+    import gc
+    import sys
+
+    whole = b"w" * 300 + b"counted"
+    fragmented = b"f" * 5000 + b"counted"
+    before = sys.getrefcount(whole), sys.getrefcount(fragmented)
+    pair = make_pair(loss=0.2, seed=3)
+    pair.connect()
+    for i in range(120):
+        pair.server.send(pair.server_peer, REDUNDANT, whole)
+        pair.server.send(pair.server_peer, RELIABLE, whole)
+        if i % 20 == 0:
+            pair.server.send(pair.server_peer, RELIABLE, fragmented)
+        pair.run(0.03)
+    pair.run(5.0)
+    assert (sys.getrefcount(whole), sys.getrefcount(fragmented)) == before
+    for _ in range(50):
+        pair.server.send(pair.server_peer, REDUNDANT, whole)
+    pair.run(0.001)
+    assert sys.getrefcount(whole) == before[0] + 50
+    del pair
+    gc.collect()
+    assert sys.getrefcount(whole) == before[0]
