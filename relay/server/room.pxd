@@ -81,8 +81,11 @@ cdef class Room:
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
     @cython.locals(rows=list, received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
-                   repeat=bint, index=Py_ssize_t, slot=Slot)
+                   repeat=bint, index=Py_ssize_t)
     cpdef tuple collect_inputs(self, long long number)
+
+    @cython.locals(slot=Slot)
+    cdef bint _connected(self, Py_ssize_t index) except -1
 
     @cython.locals(broadcast=list, member=Member, slot_index="long long")
     cpdef list fan_out(self, long long number, bytes data, double now, long long spectator_frame,

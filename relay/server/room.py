@@ -615,12 +615,10 @@ class Room:
         synthesized = []
         make_up = self.missing_input_policy != "none"
         repeat = self.missing_input_policy == "repeat"
-        for slot in self.slots:
-            if slot is None:
-                raise TypeError("slots must hold Slot objects, not None")
-            index = slot.index
+        # A slot's index is its place in slots: its Slot is looked at only for a missing input.
+        for index in range(len(self.slots)):
             value = received[index] if received is not None else None
-            if value is None and make_up and slot.peer_id is not None:
+            if value is None and make_up and self._connected(index):
                 if repeat:
                     value = previous[index] if 0 <= index < len(previous) else None
                 else:
@@ -630,6 +628,12 @@ class Room:
             inputs.append(value)
         self.synthesized_inputs += len(synthesized)
         return inputs, synthesized
+
+    def _connected(self, index: int) -> bool:
+        slot = self.slots[index]
+        if slot is None:
+            raise TypeError("slots must hold Slot objects, not None")
+        return slot.peer_id is not None
 
     def fan_out(self, number: int, data: bytes, now: float, spectator_frame: int, catchup_frames: int,
                 advice_every: int) -> Optional[list]:
