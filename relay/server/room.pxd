@@ -81,7 +81,7 @@ cdef class Room:
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
     @cython.locals(rows=list, received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
-                   repeat=bint, index=Py_ssize_t)
+                   repeat=bint, index=Py_ssize_t, slots=list)
     cpdef tuple collect_inputs(self, long long number)
 
     @cython.locals(slot=Slot)

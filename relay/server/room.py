@@ -615,8 +615,11 @@ class Room:
         synthesized = []
         make_up = self.missing_input_policy != "none"
         repeat = self.missing_input_policy == "repeat"
-        # A slot's index is its place in slots: its Slot is looked at only for a missing input.
-        for index in range(len(self.slots)):
+        # A slot's index is its place in slots: its Slot is looked into only for a missing input.
+        slots = self.slots
+        for index in range(len(slots)):
+            if slots[index] is None:
+                raise TypeError("slots must hold Slot objects, not None")
             value = received[index] if received is not None else None
             if value is None and make_up and self._connected(index):
                 if repeat:
@@ -631,8 +634,6 @@ class Room:
 
     def _connected(self, index: int) -> bool:
         slot = self.slots[index]
-        if slot is None:
-            raise TypeError("slots must hold Slot objects, not None")
         return slot.peer_id is not None
 
     def fan_out(self, number: int, data: bytes, now: float, spectator_frame: int, catchup_frames: int,
