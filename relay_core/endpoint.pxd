@@ -131,6 +131,7 @@ cdef class Endpoint:
     cdef void _schedule_at(self, Peer peer, double deadline)
     cdef int _due_push(self, double deadline, Peer peer) except -1
     cdef void _retire(self, Peer peer)
+    cdef void _sweep_heap(self)
     cdef void _due_sift_down(self, Py_ssize_t i) noexcept
     cdef DueEntry _due_pop(self) noexcept
     cdef void _due_shrink(self) noexcept

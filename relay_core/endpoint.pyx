@@ -754,14 +754,19 @@ cdef class Endpoint:
     cdef void _schedule_at(self, Peer peer, double deadline):
         """_schedule with the peer's next_deadline() already at hand."""
         peer.scheduled_deadline = deadline
-        if deadline < 0.0 or 0.0 <= peer.queued_deadline <= deadline or peer.removed:
-            # Its live entry comes first (or nothing is due): that visit, early at worst, will
-            # reschedule it. A peer flushed every tick whose deadline keeps moving later (an ack
-            # retires an RTO) thus costs no heap entry per flush: one per deadline reached.
+        if deadline < 0.0 or deadline == peer.queued_deadline or peer.removed:
+            # Nothing is due (a live entry's visit, early at worst, reschedules it), or the live
+            # entry is for this very time.
             return
+        # A live entry for an earlier time is superseded: left in place, it would wake the loop
+        # between ticks to revisit, cold, every peer whose RTO an ack retired since its flush.
+        # Superseded entries are dropped as they surface (next_timeout, right after the flush
+        # that superseded them), or swept once they are many.
         peer.schedule_generation += 1
         peer.queued_deadline = deadline
         self._due_push(deadline, peer)
+        if self.due_count > 2 * len(self.peers) + 1024:
+            self._sweep_heap()
 
     cdef int _due_push(self, double deadline, Peer peer) except -1:
         cdef Py_ssize_t i, parent, capacity
@@ -793,13 +798,18 @@ cdef class Endpoint:
         """A peer leaves ``peers``: the heap's entries for it are void, and ``retired`` keeps it
         alive while they are there (they borrow it). Once closed peers are a good share of the
         heap, their entries go at once and ``retired`` is emptied."""
-        cdef Py_ssize_t i, kept = 0
         peer.removed = True
         self.retired.append(peer)
-        if len(self.retired) < 64 + self.due_count // 8:
-            return
+        if len(self.retired) >= 64 + self.due_count // 8:
+            self._sweep_heap()
+
+    cdef void _sweep_heap(self):
+        """Keep only the live entries (a peer's current one), and let go of the closed peers."""
+        cdef Py_ssize_t i, kept = 0
+        cdef Peer peer
         for i in range(self.due_count):
-            if not (<Peer>self.due_heap[i].peer).removed:
+            peer = <Peer>self.due_heap[i].peer
+            if not peer.removed and peer.schedule_generation == self.due_heap[i].generation:
                 self.due_heap[kept] = self.due_heap[i]
                 kept += 1
         self.due_count = kept
