@@ -85,6 +85,11 @@ cdef int INITIAL_SENT_UNITS = 32
 # for every peer (deliveries never nest), so no peer has a list of its own to bring into cache.
 cdef list DELIVERED = []
 
+cdef enum:
+    # A sealed DATA packet up to this size is opened into a buffer on the stack (any mtu up to
+    # 2048 bytes); a larger one into a bytes object.
+    OPENED_ON_STACK = 2048
+
 
 cdef class MessageSink:
     """Takes one channel's messages as they are delivered, before they become events.
@@ -370,6 +375,7 @@ cdef class Peer:
         cdef uint8_t nonce[AEAD_NONCE_SIZE]
         cdef bytes opened
         cdef uint8_t* out
+        cdef uint8_t opened_here[OPENED_ON_STACK]
         cdef list delivered = DELIVERED
         if self.sealed:
             # Authenticate before anything else: a forged or altered packet changes no state
@@ -380,8 +386,11 @@ cdef class Peer:
             write_nonce(nonce, PT_DATA, counter)
             # The header (in clear) and the opened records, in one buffer: the channels take
             # their messages from it.
-            opened = PyBytes_FromStringAndSize(NULL, n - TAG_SIZE)
-            out = <uint8_t*>PyBytes_AS_STRING(opened)
+            if n - TAG_SIZE <= OPENED_ON_STACK:
+                out = opened_here
+            else:
+                opened = PyBytes_FromStringAndSize(NULL, n - TAG_SIZE)
+                out = <uint8_t*>PyBytes_AS_STRING(opened)
             if aead_open(out + DATA_HEADER_SIZE, p + DATA_HEADER_SIZE, n - DATA_HEADER_SIZE,
                          p, DATA_HEADER_SIZE, nonce, self.receive_key) != 0:
                 return -(DROP_AUTH_FAILED + 1)

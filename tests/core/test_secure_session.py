@@ -104,6 +104,22 @@ def test_sealed_session_size_limits_leave_room_for_the_tag():
     assert max(len(d) for d in seen) == 1200
 
 
+@pytest.mark.parametrize("mtu", [1200, 4000])
+def test_sealed_packets_of_any_mtu_open_whole(mtu):
+    """A sealed packet is opened into a buffer on the stack up to 2048 bytes and into one of
+    its own beyond: both deliver the same messages."""
+    pair = secure_pair(server=server_config(mtu=mtu), client=EndpointConfig(seed=2, mtu=mtu))
+    pair.connect(token=token())
+    seen = tap(pair.up)
+    sent = [bytes([i]) * (mtu - 200) for i in range(20)]
+    for payload in sent:
+        assert pair.client.send(pair.client_peer, 0, payload)
+        pair.run(0.03)
+    pair.run(1.0)
+    assert payloads(pair.server_events) == sent
+    assert max(len(d) for d in seen) > (2100 if mtu > 2048 else 900)     # past the stack buffer
+
+
 def test_a_repeated_connect_response_gets_the_same_accept_not_token_used():
     pair = secure_pair()
     up, down = tap(pair.up), tap(pair.down)
