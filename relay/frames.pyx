@@ -12,7 +12,8 @@ relay.protocol.decode_client_message, which accepts or rejects it with a reason.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, int64_t
-from libc.string cimport memcpy
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from libc.string cimport memcmp, memcpy, memset
 
 EVENT_KINDS = ("join", "leave", "timeout", "reconnect")
 """FRAME membership event kinds, by their code on the wire."""
@@ -25,6 +26,7 @@ cdef enum:
     FLAG_SAME = 0x01
     FLAG_SYNTHESIZED = 0x02
     FLAG_EVENTS = 0x04
+    BITMAP_BYTES_ON_STACK = 32          # 256 slots, rooms.capacity's ceiling
     VARINT_MAX_BYTES = 10               # a 64-bit value
 
 
@@ -132,6 +134,26 @@ def put_varint(bytearray out not None, Py_ssize_t value):
     out += PyBytes_FromStringAndSize(<const char*>encoded, _put_varint(encoded, 0, value))
 
 
+def join_with_lengths(list parts not None):
+    """``parts`` (bytes) each prefixed with its length as a varint, concatenated in one bytes
+    object (relay.server.history's spool chunks)."""
+    cdef Py_ssize_t size = 0, pos = 0, length
+    cdef object part
+    for part in parts:
+        if type(part) is not bytes:
+            raise TypeError(f"parts must be bytes, not {type(part).__name__}")
+        length = PyBytes_GET_SIZE(part)
+        size += _varint_size(length) + length
+    out = PyBytes_FromStringAndSize(NULL, size)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    for part in parts:
+        length = PyBytes_GET_SIZE(part)
+        pos = _put_varint(p, pos, length)
+        memcpy(p + pos, PyBytes_AS_STRING(part), length)
+        pos += length
+    return out
+
+
 def encode_frame(frame, previous=None):
     """The compact FRAME message of ``frame`` (a relay.protocol.Frame); ``previous`` is the
     previous frame's ``inputs`` (None: no "same as previous" references, a frame any decoder
@@ -145,19 +167,49 @@ def encode_frame(frame, previous=None):
     cdef list events = list(frame.events)
     cdef list encoded_events = []       # (code, slot, player name in UTF-8) per event
     cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3
-    cdef Py_ssize_t slot, size, pos, length, previous_count, code, event_slot
     cdef Py_ssize_t number = frame.number
-    cdef bint any_same = False
-    cdef bytearray present, same, synth
-    cdef bytes name
-    cdef object payload
     if number < 0:
         raise ValueError(f"frame.number must be >= 0, got {number}")
+    # The three bitmaps (present, same, synthesized), on the stack for up to 256 slots.
+    cdef uint8_t bitmaps_here[3 * BITMAP_BYTES_ON_STACK]
+    cdef uint8_t* bitmaps = bitmaps_here
+    if width > BITMAP_BYTES_ON_STACK:
+        bitmaps = <uint8_t*>PyMem_Calloc(3, width)
+        if bitmaps == NULL:
+            raise MemoryError()
+    else:
+        memset(bitmaps, 0, 3 * width)
+    try:
+        return _encode_frame(frame, number, inputs, synthesized, events, encoded_events,
+                             count, width, bitmaps, previous)
+    finally:
+        if bitmaps != bitmaps_here:
+            PyMem_Free(bitmaps)
+
+
+cdef inline bint _same_input(object earlier, object payload) except -1:
+    """Whether the previous frame's input for a slot equals this one (bytes compared in C)."""
+    if earlier is None:
+        return False
+    if type(earlier) is bytes:
+        return (PyBytes_GET_SIZE(earlier) == PyBytes_GET_SIZE(payload)
+                and memcmp(PyBytes_AS_STRING(earlier), PyBytes_AS_STRING(payload),
+                           PyBytes_GET_SIZE(payload)) == 0)
+    return earlier == payload
+
+
+cdef bytes _encode_frame(object frame, Py_ssize_t number, list inputs, list synthesized,
+                         list events, list encoded_events, Py_ssize_t count, Py_ssize_t width,
+                         uint8_t* bitmaps, object previous):
+    cdef Py_ssize_t slot, size, pos, length, previous_count, code, event_slot
+    cdef bint any_same = False
+    cdef uint8_t* present = bitmaps
+    cdef uint8_t* same = bitmaps + width
+    cdef uint8_t* synth = bitmaps + 2 * width
+    cdef bytes name
+    cdef object payload
     previous = () if previous is None else tuple(previous)
     previous_count = len(previous)
-    present = bytearray(width)
-    same = bytearray(width)
-    synth = bytearray(width)
     size = 1 + _varint_size(number) + 1 + _varint_size(count)
     for slot in range(count):
         payload = inputs[slot]
@@ -167,7 +219,7 @@ def encode_frame(frame, previous=None):
             payload = bytes(memoryview(payload))
             inputs[slot] = payload
         present[slot >> 3] |= 1 << (slot & 7)
-        if slot < previous_count and previous[slot] == payload:
+        if slot < previous_count and _same_input(previous[slot], payload):
             same[slot >> 3] |= 1 << (slot & 7)
             any_same = True
         else:

@@ -29,7 +29,8 @@ from array import array
 from typing import IO, Optional, Union
 
 from relay.logs import get_logger
-from relay.protocol import get_varint, put_varint
+from relay.frames import join_with_lengths
+from relay.protocol import get_varint
 
 SPILL_FRAMES = 32
 """Frames moved to the file at a time: one chunk, one offset in memory."""
@@ -69,11 +70,7 @@ class FrameHistory:
             self._spill()
 
     def _spill(self) -> None:
-        frames = self._recent[:SPILL_FRAMES]
-        chunk = bytearray()
-        for frame in frames:
-            put_varint(chunk, len(frame))
-            chunk += frame
+        chunk = join_with_lengths(self._recent[:SPILL_FRAMES])
         if self._memory is None:
             try:
                 if self._file is None:

@@ -105,6 +105,31 @@ def test_frames_with_membership_events_are_the_oracles_bytes(number, inputs, fra
     assert protocol.decode_frame(expected).events == frame_events
 
 
+@pytest.mark.parametrize("slots", [256, 257, 600])
+def test_frames_past_256_slots_and_non_bytes_previous_inputs_are_the_oracles_bytes(slots):
+    """Bitmaps for up to 256 slots live on the stack, wider ones on the heap; a previous input
+    that is not bytes is compared as Python compares it."""
+    inputs = [None if i % 7 == 3 else b"%d" % (i % 11) for i in range(slots)]
+    previous = [bytearray(value) if value is not None and i % 3 == 0 else value
+                for i, value in enumerate(reversed(inputs))]
+    present = [slot for slot, value in enumerate(inputs) if value is not None]
+    frame = protocol.Frame(slots, inputs, [["join", slots - 1, "last"]], present[::5])
+    for prev in (previous, inputs, None):
+        assert frames.encode_frame(frame, prev) == _frame_oracle.encode_frame(frame, prev)
+
+
+def test_join_with_lengths_prefixes_each_part_as_put_varint_would():
+    parts = [b"", b"a", bytes(127), bytes(128), bytes(20000)]
+    expected = bytearray()
+    for part in parts:
+        frames.put_varint(expected, len(part))
+        expected += part
+    assert frames.join_with_lengths(parts) == bytes(expected)
+    assert frames.join_with_lengths([]) == b""
+    with pytest.raises(TypeError, match="bytes"):
+        frames.join_with_lengths([b"a", bytearray(b"b")])
+
+
 def test_the_compiled_frame_encoder_refuses_what_the_oracle_refuses():
     frame = protocol.Frame(3, [b"a", None], [], [1])
     with pytest.raises(ValueError):
