@@ -77,6 +77,9 @@ cdef class Room:
     cpdef str accept_member_input(self, Member member, long long frame, bytes payload,
                                   long long have, double now)
 
+    @cython.locals(timing=InputTiming, interval=double, response=double)
+    cpdef _advise_input_delay(self, Member member, double now)
+
     @cython.locals(timing=InputTiming)
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 

@@ -15,6 +15,7 @@ cdef class InputTiming:
     cdef public Py_ssize_t response_ms
 
     cpdef void record(self, bint late, double response)
+    cpdef double percentile(self, double percent) except? -1.0
 
 
 cdef class CloseTimes:

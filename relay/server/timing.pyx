@@ -13,6 +13,8 @@ cdef enum:
     # frame is older than this is far behind (past the default catchup_frames of 150 it gets a
     # catch-up block), and its inputs say nothing about its link.
     CLOSE_TIMES_KEPT = 256
+    # Response times a percentile sorts on the stack (the default window is 150); more on the heap.
+    SELECT_ON_STACK = 1024
 
 
 cdef double _select(double* values, Py_ssize_t n, Py_ssize_t k) noexcept:
@@ -79,21 +81,24 @@ cdef class InputTiming:
             if self.samples < self.window:
                 self.samples += 1
 
-    def percentile(self, double percent):
+    cpdef double percentile(self, double percent) except? -1.0:
         """Nearest-rank percentile of the response times held (0.0 when there are none)."""
         cdef Py_ssize_t rank, i
         cdef double value
-        cdef double* ordered
+        cdef double ordered_here[SELECT_ON_STACK]
+        cdef double* ordered = ordered_here
         if self.samples == 0:
             return 0.0
-        ordered = <double*>PyMem_Malloc(self.samples * sizeof(double))
-        if ordered == NULL:
-            raise MemoryError()
+        if self.samples > SELECT_ON_STACK:
+            ordered = <double*>PyMem_Malloc(self.samples * sizeof(double))
+            if ordered == NULL:
+                raise MemoryError()
         for i in range(self.samples):
             ordered[i] = self.responses[i]
         rank = <Py_ssize_t>ceil(percent / 100.0 * self.samples)
         value = _select(ordered, self.samples, min(max(rank, 1), self.samples) - 1)
-        PyMem_Free(ordered)
+        if ordered != ordered_here:
+            PyMem_Free(ordered)
         return value
 
 
