@@ -159,15 +159,19 @@ def encode_frame(frame, previous=None):
     previous frame's ``inputs`` (None: no "same as previous" references, a frame any decoder
     can read on its own). ValueError for a negative frame number or a synthesized slot
     without an input."""
+    return encode_frame_of(frame.number, frame.inputs, frame.events, frame.synthesized, previous)
+
+
+def encode_frame_of(Py_ssize_t number, frame_inputs, frame_events, list synthesized not None,
+                    previous=None):
+    """``encode_frame`` of a frame given by its fields, with no Frame object (a room's tick)."""
     # Private copies: the inputs are indexed unchecked and sized in one pass, written in the
     # next, and comparing with ``previous`` may run Python code (an item's __eq__) that
     # changes the caller's lists in between.
-    cdef list inputs = list(frame.inputs)
-    cdef list synthesized = frame.synthesized
-    cdef list events = list(frame.events)
+    cdef list inputs = list(frame_inputs)
+    cdef list events = list(frame_events)
     cdef list encoded_events = []       # (code, slot, player name in UTF-8) per event
     cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3
-    cdef Py_ssize_t number = frame.number
     if number < 0:
         raise ValueError(f"frame.number must be >= 0, got {number}")
     # The three bitmaps (present, same, synthesized), on the stack for up to 256 slots.
@@ -180,7 +184,7 @@ def encode_frame(frame, previous=None):
     else:
         memset(bitmaps, 0, 3 * width)
     try:
-        return _encode_frame(frame, number, inputs, synthesized, events, encoded_events,
+        return _encode_frame(number, inputs, synthesized, events, encoded_events,
                              count, width, bitmaps, previous)
     finally:
         if bitmaps != bitmaps_here:
@@ -198,7 +202,7 @@ cdef inline bint _same_input(object earlier, object payload) except -1:
     return earlier == payload
 
 
-cdef bytes _encode_frame(object frame, Py_ssize_t number, list inputs, list synthesized,
+cdef bytes _encode_frame(Py_ssize_t number, list inputs, list synthesized,
                          list events, list encoded_events, Py_ssize_t count, Py_ssize_t width,
                          uint8_t* bitmaps, object previous):
     cdef Py_ssize_t slot, size, pos, length, previous_count, code, event_slot
@@ -228,7 +232,7 @@ cdef bytes _encode_frame(object frame, Py_ssize_t number, list inputs, list synt
     for value in synthesized:
         slot = value
         if not 0 <= slot < count or inputs[slot] is None:
-            raise ValueError(f"synthesized slot {slot} has no input in frame {frame.number}")
+            raise ValueError(f"synthesized slot {slot} has no input in frame {number}")
         synth[slot >> 3] |= 1 << (slot & 7)
     size += width * (1 + (1 if any_same else 0) + (1 if synthesized else 0))
     if events:

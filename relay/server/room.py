@@ -31,7 +31,8 @@ from typing import Optional
 from relay import protocol
 from relay.config import RoomSettings
 from relay.server.history import FrameHistory
-from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
+from relay.frames import encode_frame_of
+from relay.protocol import CONTROL, STREAM, Checksum, Input, Welcome
 from relay.server.timing import CloseTimes, InputTiming
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
@@ -575,9 +576,9 @@ class Room:
         if self.state != RUNNING:
             return None
         number = self.open_frame
-        frame = self._assemble(number)
-        data = frame.encode(self.last_inputs)
-        self.last_inputs = frame.inputs
+        inputs, synthesized = self.collect_inputs(number)
+        data = encode_frame_of(number, inputs, self.pending_events, synthesized, self.last_inputs)
+        self.last_inputs = inputs
         self.pending_events = []
         self.history.append(data)
         self.close_times.record(number, now)
@@ -597,12 +598,6 @@ class Room:
             self.pending_desyncs.pop(stale, None)
         self.events.append(RoomEvent("frame", {"frame": number, "data": data}))
         return data
-
-    def _assemble(self, number: int) -> Frame:
-        """Frame ``number`` from the inputs received for it; a connected player's missing input
-        is filled in by missing_input_policy and marked synthesized."""
-        inputs, synthesized = self.collect_inputs(number)
-        return Frame(number, inputs, self.pending_events, synthesized)
 
     def collect_inputs(self, number: int) -> tuple[list, list]:
         """Frame ``number``'s input per slot from those received for it, a connected player's

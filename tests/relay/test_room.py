@@ -12,6 +12,7 @@ import pytest
 from relay import protocol
 from relay.config import RoomSettings
 from relay.protocol import CONTROL, STREAM, Checksum, Frame, Input, Welcome
+from relay.server import room as room_module
 from relay.server.room import DESYNC_WAIT_FRAMES, ENDED, RUNNING, WAITING, JoinRefused, Room
 
 TICK_RATE = 30
@@ -323,13 +324,13 @@ def test_frame_holds_each_slots_input_or_none_in_slot_order():
 
 def test_every_player_gets_the_same_frame_bytes_encoded_once_and_kept_in_history(monkeypatch):
     encodes = []
-    original = Frame.encode
+    original = room_module.encode_frame_of
 
-    def counting_encode(self, previous=None):
-        encodes.append(self.number)
-        return original(self, previous)
+    def counting_encode(number, *fields):
+        encodes.append(number)
+        return original(number, *fields)
 
-    monkeypatch.setattr(protocol.Frame, "encode", counting_encode)
+    monkeypatch.setattr(room_module, "encode_frame_of", counting_encode)
     harness, clients = running(("alice", "bob", "carol"))
     harness.input(clients[1], 0, b"hello")
     for number in range(3):
