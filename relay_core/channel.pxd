@@ -128,6 +128,7 @@ cdef class ReliableSendChannel(SendChannel):
     cdef double stream_interval
 
     cdef void admit(self)
+    cdef bint _admits(self, bytes payload) except -1
     cdef void resize(self, int capacity) except *
     cdef void finish(self, OutMessage* m, int slot)
 

@@ -245,50 +245,62 @@ cdef class ReliableSendChannel(SendChannel):
             return self.unsent > 0
         return False
 
+    cdef bint queue(self, bytes payload):
+        """A message goes straight into the window when nothing waits before it and the window
+        and fragment budget have room; otherwise behind it, up to ``max_pending``."""
+        if self.pending_count == 0 and self._admits(payload):
+            return True
+        return SendChannel.queue(self, payload)
+
     cdef void admit(self):
         """Move queued payloads into the window while ids and fragment budget allow.
 
         The sender never uses a message id the receiver cannot buffer: at most ``window``
         ids are outstanding past the oldest unacked one.
         """
-        cdef bytes payload
-        cdef int slot, count
-        cdef OutMessage* m
-        while self.pending_count > 0 and <uint16_t>(self.next_id - self.oldest) < self.window:
-            payload = self.pending[0]
-            if len(payload) > self.whole_limit:
-                count = (len(payload) + self.fragment_size - 1) // self.fragment_size
-                if (self.fragments_in_flight > 0
-                        and self.fragments_in_flight + count > self.max_fragments_in_flight):
-                    return
-            else:
-                count = 1
+        while self.pending_count > 0 and self._admits(self.pending[0]):
             self.pending.popleft()
             self.pending_count -= 1
-            if <uint16_t>(self.next_id - self.oldest) >= self.capacity:
-                self.resize(self.capacity * 2)
-            slot = self.next_id & (self.capacity - 1)
-            m = &self.msgs[slot]
-            memset(m, 0, sizeof(OutMessage))
-            m.msg_id = self.next_id
-            m.in_use = True
-            m.needs_write = True
-            m.fragment_count = count
-            m.fragments_unacked = count
-            m.first_sent = -1.0
-            if count == 1:
-                stored = payload
-                m.record_size = message_record_size(len(payload))
-            else:
-                stored = split_message(payload, self.fragment_size)
-                if self.fragment_acks is None:
-                    self.fragment_acks = [None] * self.capacity
-                self.fragment_acks[slot] = bytearray(count)
-                self.fragments_in_flight += count
-            Py_INCREF(stored)
-            m.payload = <PyObject*>stored
-            self.unsent += 1
-            self.next_id += 1
+
+    cdef bint _admits(self, bytes payload) except -1:
+        """Put ``payload`` into the window as the next message id, if the window and the
+        fragment budget have room for it; False (nothing changed) if not."""
+        cdef int slot, count
+        cdef OutMessage* m
+        if <uint16_t>(self.next_id - self.oldest) >= self.window:
+            return False
+        if len(payload) > self.whole_limit:
+            count = (len(payload) + self.fragment_size - 1) // self.fragment_size
+            if (self.fragments_in_flight > 0
+                    and self.fragments_in_flight + count > self.max_fragments_in_flight):
+                return False
+        else:
+            count = 1
+        if <uint16_t>(self.next_id - self.oldest) >= self.capacity:
+            self.resize(self.capacity * 2)
+        slot = self.next_id & (self.capacity - 1)
+        m = &self.msgs[slot]
+        memset(m, 0, sizeof(OutMessage))
+        m.msg_id = self.next_id
+        m.in_use = True
+        m.needs_write = True
+        m.fragment_count = count
+        m.fragments_unacked = count
+        m.first_sent = -1.0
+        if count == 1:
+            stored = payload
+            m.record_size = message_record_size(len(payload))
+        else:
+            stored = split_message(payload, self.fragment_size)
+            if self.fragment_acks is None:
+                self.fragment_acks = [None] * self.capacity
+            self.fragment_acks[slot] = bytearray(count)
+            self.fragments_in_flight += count
+        Py_INCREF(stored)
+        m.payload = <PyObject*>stored
+        self.unsent += 1
+        self.next_id += 1
+        return True
 
     cdef void finish(self, OutMessage* m, int slot):
         """A write round of message m is complete: every unacked fragment went out."""

@@ -161,7 +161,8 @@ def test_send_queue_is_bounded():
     endpoint = Endpoint(EndpointConfig(channels=channels))
     peer = endpoint.connect(("127.0.0.1", 1), 0.0)
     accepted = [endpoint.send(peer, 0, b"x") for _ in range(30)]
-    assert accepted.count(True) == 10
+    assert accepted == [True] * (8 + 10) + [False] * 12     # the window's 8, then 10 behind it
+    assert endpoint.channel_snapshot(peer, 0)["pending"] == 10
 
 
 def test_send_rejects_programming_errors_with_clear_messages():

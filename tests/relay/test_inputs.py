@@ -277,16 +277,16 @@ def test_send_many_queues_what_send_would_and_names_the_full_queues():
         data = b"frame %d" % number
         refused.append(fast.server.send_many([fast.server_peer, 999], STREAM, data))
         assert slow.server.send(slow.server_peer, STREAM, data) == (not refused[-1])
-    # 3 wait for the next flush to enter the window; the rest are refused (the connected peer's
-    # id; the unknown peer 999 is skipped, as send() would refuse it silently).
-    assert refused == [[]] * 3 + [[fast.server_peer]] * 11
+    # 8 enter the window, 3 wait behind it; the rest are refused (the connected peer's id; the
+    # unknown peer 999 is skipped, as send() would refuse it silently).
+    assert refused == [[]] * 11 + [[fast.server_peer]] * 3
     assert (fast.server.channel_snapshot(fast.server_peer, STREAM)
             == slow.server.channel_snapshot(slow.server_peer, STREAM))
     for pair in (fast, slow):
         pair.run(1.0)
     delivered = [[e.payload for e in pair.client_events if isinstance(e, MessageReceived)]
                  for pair in (fast, slow)]
-    assert delivered[0] == delivered[1] == [b"frame %d" % n for n in range(3)]
+    assert delivered[0] == delivered[1] == [b"frame %d" % n for n in range(11)]
 
 
 def test_send_many_refuses_what_send_refuses():
