@@ -799,6 +799,7 @@ cdef class Endpoint:
         alive while they are there (they borrow it). Once closed peers are a good share of the
         heap, their entries go at once and ``retired`` is emptied."""
         peer.removed = True
+        peer.sink_context = None        # it delivers nothing more; its context may be large
         self.retired.append(peer)
         if len(self.retired) >= 64 + self.due_count // 8:
             self._sweep_heap()

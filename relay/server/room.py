@@ -727,7 +727,8 @@ def accept_room_input(room: Room, peer_id: int, frame: int, payload: bytes, have
     return typed_room.accept_input(peer_id, frame, payload, have, now)
 
 
-def accept_bound_input(member: Member, frame: int, payload: bytes, have: int, now: float) -> str:
+def accept_bound_input(member: Member, frame: int, payload: bytes, have: int,
+                       now: float) -> Optional[str]:
     """``member.room.accept_member_input(member, ...)`` for a member the core handed over with
     its peer (relay.server.inputs), as a C function like accept_room_input; None when the member
     has left its room (the caller takes the general path)."""

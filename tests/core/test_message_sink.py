@@ -124,3 +124,28 @@ def test_peers_that_connect_later_use_the_sink_too():
     linked.client.send(linked.client_peer, STREAM, b"hello")
     linked.run(0.05)
     assert sink.taken == [(linked.server_peer, b"hello")]
+
+
+def test_a_closed_peer_lets_go_of_its_bound_context_at_once():
+    """The flush schedule keeps a closed peer object a while (Endpoint.retired); what the sink
+    bound to it (a server's room member, and through it the room) is not kept with it."""
+    import gc
+    import weakref
+
+    class Context:
+        pass
+
+    pair = LinkedPair(EndpointConfig(accept_connections=True, seed=1, channels=CHANNELS),
+                      EndpointConfig(seed=2, channels=CHANNELS))
+    pair.connect()
+    pair.server.set_message_sink(Recorder(STREAM))
+    context = Context()
+    held = weakref.ref(context)
+    assert pair.server.bind_sink(pair.server_peer, context)
+    del context
+    gc.collect()
+    assert held() is not None
+    assert pair.server.disconnect(pair.server_peer)
+    gc.collect()
+    assert held() is None
+    assert not pair.server.bind_sink(pair.server_peer, Context())     # no such peer any more
