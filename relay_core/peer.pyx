@@ -423,6 +423,9 @@ cdef class Peer:
                 if r.channel >= self.channel_count:
                     status = -(DROP_UNKNOWN_CHANNEL + 1)
                     break
+                # Shared by every peer: emptied first, so nothing an interrupted call left in
+                # it can reach this peer's sink.
+                delivered.clear()
                 rc = self.recv_channel(r.channel).on_record(&r, p, delivered)
                 if delivered:
                     sink = self.sink
@@ -434,6 +437,7 @@ cdef class Peer:
                     delivered.clear()
             elif r.kind == RK_BLOCK_SLICE:
                 self.blocks_busy = True
+                delivered.clear()
                 rc = self.block_in.on_slice(&r, p, delivered)
                 if delivered:
                     block_id, data = delivered.pop()

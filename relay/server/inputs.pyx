@@ -105,8 +105,8 @@ cdef class InputRouter(MessageSink):
         cdef str outcome = None
         if parse_input(p, PyBytes_GET_SIZE(data), &frame, &start, &length, &have) < 0:
             return 0
+        payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
         if member is not None:
-            payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
             if accept_bound_input != NULL:
                 outcome = accept_bound_input(member, frame, payload, have, now)
             elif member.room is not None:
@@ -115,7 +115,6 @@ cdef class InputRouter(MessageSink):
             room = self.room_of_peer.get(peer_id)
             if room is None:
                 return 0
-            payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
             if accept_room_input != NULL:
                 outcome = accept_room_input(room, peer_id, frame, payload, have, now)
             else:
