@@ -137,6 +137,8 @@ class Lobby:
         self.notified: dict[int, set[str]] = {}
         """Per connection, the kinds of mistake it was told about (each is told once)."""
         self.draining = False
+        self.report_frames = config.replay.enabled
+        """Rooms report each closed frame ("frame" events): only replays read them."""
         self.counts: Counter = Counter()
         """(metric, label or None) -> how many since the server last published them."""
         self.input_outcomes: dict[str, int] = {}
@@ -365,6 +367,7 @@ class Lobby:
         room = Room(room_id, self.settings, self.tick_rate, now,
                     **room_options(self.settings, self.tick_rate, options))
         room.broadcast_frames = True        # one Endpoint.send_many per frame
+        room.report_frames = self.report_frames
         self.rooms[room_id] = room
         self._report(room, "room_created", capacity=room.capacity, start_policy=room.start_policy,
                      start_players=room.start_players)
@@ -424,34 +427,52 @@ class Lobby:
             self._report(None, "drained")
 
     def _settle(self, room: Room) -> None:
-        """Carry out what a room asked for; what happened in it goes out as reports."""
-        for action in room.take_actions():
-            self._execute(room, action)
-        for event in room.take_events():
-            self._reports.append((room, event))
+        """Carry out what a room asked for, then send its frame; what happened in it goes out
+        as reports."""
+        if room.actions:
+            for action in room.take_actions():
+                self._execute(room, action)
+        if room.unsent_frame is not None:
+            self._broadcast_frame(room, *room.take_frame())
+        if room.events:
+            for event in room.take_events():
+                self._reports.append((room, event))
+
+    def _broadcast_frame(self, room: Room, frame: bytes, recipients: list) -> None:
+        try:
+            refused = self.endpoint.send_many(recipients, STREAM, frame)
+        except ValueError as error:
+            self._not_queued(room, "broadcast", STREAM, recipients, len(frame), error)
+            return
+        for peer_id in refused:
+            self._send_queue_full(room, peer_id, STREAM)
 
     def _execute(self, room: Room, action: Action) -> None:
         try:
             self._carry_out(room, action)
         except ValueError as error:
-            # The core refuses a message or block beyond its size limits (a huge frame or
-            # history): this member misses it, the room goes on.
-            self.counts["drops", "too_large"] += 1
-            self._report(room, "send_refused", peer=action.peer_id, kind=action.kind,
-                         bytes=len(action.data), error=str(error))
-            if action.kind == "block":
-                if self.endpoint.is_connected(action.peer_id):
-                    # As for a block the core's queue refused: the member's catch-up is not left
-                    # open waiting for a delivery that never comes, and is repaired at a later tick.
-                    room.on_send_failed(action.peer_id, "block")
-            elif action.channel == STREAM:
-                # A frame too large for one message (inputs at the configured maximum plus
-                # many events): every member it was for gets it in a catch-up block (blocks
-                # go up to protocol.MAX_BLOCK_SIZE) at the next tick, so no frame is lost.
-                recipients = action.peer_ids if action.kind == "broadcast" else (action.peer_id,)
-                for peer_id in recipients:
-                    if self.endpoint.is_connected(peer_id):
-                        room.on_send_failed(peer_id, "stream")
+            recipients = action.peer_ids if action.kind == "broadcast" else [action.peer_id]
+            self._not_queued(room, action.kind, action.channel, recipients, len(action.data), error)
+
+    def _not_queued(self, room: Room, kind: str, channel: int, recipients: list, size: int,
+                    error: ValueError) -> None:
+        """The core refused a message or block beyond its size limits (a huge frame or
+        history): these members miss it, the room goes on."""
+        self.counts["drops", "too_large"] += 1
+        self._report(room, "send_refused", peer=-1 if kind == "broadcast" else recipients[0],
+                     kind=kind, bytes=size, error=str(error))
+        if kind == "block":
+            if self.endpoint.is_connected(recipients[0]):
+                # As for a block the core's queue refused: the member's catch-up is not left
+                # open waiting for a delivery that never comes, and is repaired at a later tick.
+                room.on_send_failed(recipients[0], "block")
+        elif channel == STREAM:
+            # A frame too large for one message (inputs at the configured maximum plus
+            # many events): every member it was for gets it in a catch-up block (blocks
+            # go up to protocol.MAX_BLOCK_SIZE) at the next tick, so no frame is lost.
+            for peer_id in recipients:
+                if self.endpoint.is_connected(peer_id):
+                    room.on_send_failed(peer_id, "stream")
 
     def _carry_out(self, room: Room, action: Action) -> None:
         if action.kind == "broadcast":

@@ -67,6 +67,9 @@ cdef class Room:
     cdef public list actions
     cdef public list events
     cdef public bint broadcast_frames
+    cdef public list frame_recipients
+    cdef public bytes unsent_frame
+    cdef public bint report_frames
     cdef readonly CloseTimes close_times
 
     @cython.locals(member=Member)

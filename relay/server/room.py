@@ -2,8 +2,10 @@
 
 The server calls a Room with peer ids, decoded messages and the time; the room answers with
 ``Action``s (send a message, send a block, disconnect a peer) that the server carries out, and
-with ``RoomEvent``s for logs, metrics and the replay. A room never touches a socket or a clock,
-so tests drive it directly.
+with ``RoomEvent``s for logs, metrics and the replay. Each tick's frame is the exception when the
+server asks (``broadcast_frames``): it waits in the room for the server to take it with its
+players (``take_frame``) and hand it to the core in one call, with no Action per tick. A room
+never touches a socket or a clock, so tests drive it directly.
 
 Frame N holds, for every slot, the player's input for N or None, plus the membership changes
 (join, leave, timeout, reconnect) that happened while N was open, so every client agrees on the
@@ -179,8 +181,15 @@ class Room:
         self.actions: list[Action] = []
         self.events: list[RoomEvent] = []
         self.broadcast_frames = False
-        """True: each tick's frame goes to its players as one "broadcast" Action instead of a
-        "send" per player (the server hands it to the core in one call)."""
+        """True: each tick's frame waits for its players in ``frame_recipients`` (the server
+        hands it to the core in one call) instead of going out as a "send" Action per player."""
+        self.frame_recipients: list = []
+        """broadcast_frames: the ids of the players ``unsent_frame`` is for, in order."""
+        self.unsent_frame: Optional[bytes] = None
+        """broadcast_frames: the last closed frame until the server takes it (``take_frame``)."""
+        self.report_frames = True
+        """Report every closed frame as a "frame" event (for replays; a server without them
+        turns it off: one event per room and tick it would drop unread)."""
         self.started_at: Optional[float] = None
         self.close_times = CloseTimes()
         """When recent frames closed: inputs naming one as held are timed from then."""
@@ -215,6 +224,13 @@ class Room:
     def take_events(self) -> list[RoomEvent]:
         events, self.events = self.events, []
         return events
+
+    def take_frame(self) -> tuple[Optional[bytes], list]:
+        """broadcast_frames: the closed frame still to send and its players' ids, or (None, [])."""
+        frame, recipients = self.unsent_frame, self.frame_recipients
+        self.unsent_frame = None
+        self.frame_recipients = []
+        return frame, recipients
 
     # -- membership -------------------------------------------------------------------------
 
@@ -575,6 +591,12 @@ class Room:
         """Close the open frame (running rooms only); returns its bytes."""
         if self.state != RUNNING:
             return None
+        if self.unsent_frame is not None:
+            # The previous frame was never taken: it goes the general way, ahead of this one.
+            self.actions.append(Action("broadcast", -1, STREAM, self.unsent_frame,
+                                       peer_ids=self.frame_recipients))
+            self.unsent_frame = None
+            self.frame_recipients = []
         number = self.open_frame
         inputs, synthesized = self.collect_inputs(number)
         data = encode_frame_of(number, inputs, self.pending_events, synthesized, self.last_inputs)
@@ -587,7 +609,16 @@ class Room:
         broadcast = self.fan_out(number, data, now, spectator_frame, self.settings.catchup_frames,
                                  ADVICE_EVERY_FRAMES)
         if broadcast:
-            self.actions.append(Action("broadcast", -1, STREAM, data, peer_ids=broadcast))
+            self.unsent_frame = data
+            self.frame_recipients = broadcast
+        if self.checksums:          # rooms whose clients send no checksums skip it all
+            self._age_checksums(number)
+        if self.report_frames:
+            self.events.append(RoomEvent("frame", {"frame": number, "data": data}))
+        return data
+
+    def _age_checksums(self, number: int) -> None:
+        """Report the diverging frames whose wait is over; forget frames past the window."""
         for diverging in [f for f, due in self.pending_desyncs.items() if self.open_frame >= due]:
             del self.pending_desyncs[diverging]
             self._report_desync(diverging, self.checksums.get(diverging, {}))
@@ -596,8 +627,6 @@ class Room:
             self.checksums.pop(stale, None)
             self.reported_desyncs.discard(stale)
             self.pending_desyncs.pop(stale, None)
-        self.events.append(RoomEvent("frame", {"frame": number, "data": data}))
-        return data
 
     def collect_inputs(self, number: int) -> tuple[list, list]:
         """Frame ``number``'s input per slot from those received for it, a connected player's

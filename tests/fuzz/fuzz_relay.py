@@ -481,6 +481,7 @@ class RelayFuzz:
         self.server = server = RelayServer(self.config)
         server.log = Quiet()
         server.limit_log = LimitLog(Quiet())
+        server.lobby.report_frames = True       # replays are off, but every frame is checked
         server.endpoint = server.lobby.endpoint = EndpointTap(server.endpoint, self._queued)
         server.loop = SimulatedLoop(lambda: self.now)
         self.unix_offset = server.endpoint.unix_offset

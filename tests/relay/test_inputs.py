@@ -3,7 +3,7 @@
 relay.server.inputs hands canonical INPUTs to rooms (InputRouter, as the core's message sink and over
 the event queue) where the lobby's general path would decode them (relay.protocol) and call
 Room.on_input; Endpoint.send_many
-queues one frame to many peers; Room.broadcast_frames asks for that with one Action. Each is
+queues one frame to many peers; Room.broadcast_frames leaves each frame for that (take_frame). Each is
 checked against the general path it stands in for: the same inputs buffered, the same frames
 delivered, the same counters, and malformed input still dropped and counted.
 """
@@ -98,6 +98,7 @@ def run_server(monkeypatch, compiled: bool, through_sink: bool = False):
     for _ in range(3):
         room.tick(0.0)
     room.take_actions()
+    room.take_frame()
     room.take_events()
     queued = []
     server.taken = 0
@@ -225,10 +226,13 @@ def frames_by_peer(room: Room) -> dict[int, list[bytes]]:
                 out.setdefault(peer_id, []).append(action.data)
         elif action.kind == "send" and action.channel == STREAM:
             out.setdefault(action.peer_id, []).append(action.data)
+    frame, recipients = room.take_frame()
+    for peer_id in recipients:
+        out.setdefault(peer_id, []).append(frame)
     return out
 
 
-def play(broadcast: bool) -> dict[int, list[bytes]]:
+def play(broadcast: bool, collect_every: int = 1) -> dict[int, list[bytes]]:
     config = RelayConfig()
     settings_ = dataclasses.replace(config.rooms, capacity=4, start_players=2, spectator_delay=2)
     room = Room("r", settings_, 30, 0.0)
@@ -251,7 +255,8 @@ def play(broadcast: bool) -> dict[int, list[bytes]]:
         if number == 8:
             room.detach(2, "leave", 0.0)
         room.tick(number / 30)
-        collect()
+        if number % collect_every == collect_every - 1:
+            collect()
     return received
 
 
@@ -259,6 +264,11 @@ def test_a_broadcast_frame_reaches_the_same_peers_with_the_same_bytes():
     assert play(broadcast=True) == play(broadcast=False)
     frames = play(broadcast=True)
     assert len(frames[1]) == 12 and len(frames[5]) == 10      # the spectator is 2 frames behind
+
+
+def test_a_frame_not_taken_before_the_next_tick_still_goes_out_in_order():
+    # The previous frame becomes a "broadcast" Action, ahead of the new one.
+    assert play(broadcast=True, collect_every=3) == play(broadcast=False)
 
 
 def connected_pair(max_pending: int = 16384) -> LinkedPair:
