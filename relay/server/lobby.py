@@ -432,8 +432,9 @@ class Lobby:
         if room.actions:
             for action in room.take_actions():
                 self._execute(room, action)
-        if room.unsent_frame is not None:
-            self._broadcast_frame(room, *room.take_frame())
+        frame = room.unsent_frame
+        if frame is not None:
+            self._broadcast_frame(room, frame, room.take_frame()[1])
         if room.events:
             for event in room.take_events():
                 self._reports.append((room, event))
