@@ -17,35 +17,40 @@ cdef struct SentUnit:
     uint8_t fragment
 
 
-cdef class SentUnits:
-    """Ring of (channel, message, fragment) units carried by each sent packet.
+cdef struct SentUnits:
+    # Ring of (channel, message, fragment) units carried by each sent packet, held inside its
+    # peer (an ack or a flush reaches the ring without an object in between).
+    #
+    # A sent packet remembers [start, start + count) in this ring. The ring starts small and
+    # doubles, up to ``limit``, rather than overwrite units from ``floor`` on (the oldest packet
+    # the peer may still ack); past the limit the oldest are overwritten, and an ack arriving for
+    # a packet whose units are gone is ignored (its messages are repaired by RTO instead).
+    SentUnit* ring
+    uint64_t head
+    uint64_t capacity
+    uint64_t limit
+    uint64_t floor
+    uint64_t tail                       # units before this were left behind when the ring grew
 
-    A sent packet remembers [start, start + count) in this ring. The ring starts small and
-    doubles, up to ``limit``, rather than overwrite units from ``floor`` on (the oldest packet
-    the peer may still ack); past the limit the oldest are overwritten, and an ack arriving for
-    a packet whose units are gone is ignored (its messages are repaired by RTO instead).
-    """
-    cdef SentUnit* ring
-    cdef readonly uint64_t head
-    cdef readonly uint64_t capacity
-    cdef uint64_t limit
-    cdef public uint64_t floor
-    cdef uint64_t tail                  # units before this were left behind when the ring grew
 
-    cdef void grow(self) noexcept
+cdef int units_init(SentUnits* units, uint64_t capacity, uint64_t limit) except -1
+cdef void units_release(SentUnits* units) noexcept
+cdef void units_grow(SentUnits* units) noexcept
 
-    cdef inline void add(self, int channel, uint16_t msg_id, int fragment) noexcept:
-        if self.head - self.floor >= self.capacity and self.capacity < self.limit:
-            self.grow()
-        cdef SentUnit* unit = &self.ring[self.head & (self.capacity - 1)]
-        unit.msg_id = msg_id
-        unit.channel = <uint8_t>channel
-        unit.fragment = <uint8_t>fragment
-        self.head += 1
 
-    cdef inline bint holds(self, uint64_t start) noexcept:
-        """The units of a packet that started at ``start`` are all still in the ring."""
-        return start >= self.tail and self.head - start <= self.capacity
+cdef inline void units_add(SentUnits* units, int channel, uint16_t msg_id, int fragment) noexcept:
+    if units.head - units.floor >= units.capacity and units.capacity < units.limit:
+        units_grow(units)
+    cdef SentUnit* unit = &units.ring[units.head & (units.capacity - 1)]
+    unit.msg_id = msg_id
+    unit.channel = <uint8_t>channel
+    unit.fragment = <uint8_t>fragment
+    units.head += 1
+
+
+cdef inline bint units_hold(const SentUnits* units, uint64_t start) noexcept:
+    """The units of a packet that started at ``start`` are all still in the ring."""
+    return start >= units.tail and units.head - start <= units.capacity
 
 
 cdef struct OutMessage:
@@ -88,9 +93,9 @@ cdef class SendChannel:
 
     cdef bint queue(self, bytes payload)
     cdef bint has_unsent(self)
-    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+    cdef Py_ssize_t write(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
                           double now, double rto, uint32_t stamp)
-    cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
+    cdef Py_ssize_t write_redundant(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
                                     bint copies, int max_copies, int prompt_copies, double now,
                                     double late_after)

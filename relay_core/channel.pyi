@@ -6,14 +6,6 @@ from relay_core.fragment import MemoryBudget
 
 MODES: dict[str, int]
 
-class SentUnits:
-    @property
-    def head(self) -> int: ...
-    @property
-    def capacity(self) -> int: ...
-    floor: int
-    def __init__(self, capacity: int, limit: int = 0) -> None: ...
-
 class SendChannel:
     @property
     def channel_id(self) -> int: ...

@@ -58,38 +58,44 @@ cdef inline Py_ssize_t fragment_record_size(Py_ssize_t length) noexcept:
     return 5 + varint_size(length) + length
 
 
-cdef class SentUnits:
-    def __cinit__(self, int capacity, int limit=0):
-        if limit == 0:
-            limit = capacity
-        if capacity <= 0 or (capacity & (capacity - 1)) != 0 or limit < capacity or (limit & (limit - 1)) != 0:
-            raise ValueError("sent unit capacity and limit must be powers of two, capacity <= limit")
-        self.capacity = capacity
-        self.limit = limit
-        self.head = 0
-        self.floor = 0
-        self.tail = 0
-        self.ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
-        if self.ring == NULL:
-            raise MemoryError()
+cdef int units_init(SentUnits* units, uint64_t capacity, uint64_t limit) except -1:
+    """An empty ring of ``capacity`` units that may grow to ``limit`` (both powers of two;
+    limit 0: capacity)."""
+    if limit == 0:
+        limit = capacity
+    if capacity == 0 or (capacity & (capacity - 1)) != 0 or limit < capacity or (limit & (limit - 1)) != 0:
+        raise ValueError("sent unit capacity and limit must be powers of two, capacity <= limit")
+    units.ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
+    if units.ring == NULL:
+        raise MemoryError()
+    units.capacity = capacity
+    units.limit = limit
+    units.head = 0
+    units.floor = 0
+    units.tail = 0
+    return 0
 
-    def __dealloc__(self):
-        PyMem_Free(self.ring)
 
-    cdef void grow(self) noexcept:
-        cdef uint64_t capacity = self.capacity * 2
-        cdef SentUnit* ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
-        cdef uint64_t u, first = self.head - self.capacity if self.head > self.capacity else 0
-        if ring == NULL:
-            return              # go on overwriting: late acks fall back to RTO repair
-        if first < self.tail:
-            first = self.tail
-        for u in range(first, self.head):
-            ring[u & (capacity - 1)] = self.ring[u & (self.capacity - 1)]
-        PyMem_Free(self.ring)
-        self.ring = ring
-        self.capacity = capacity
-        self.tail = first
+cdef void units_release(SentUnits* units) noexcept:
+    PyMem_Free(units.ring)
+    units.ring = NULL
+    units.capacity = 0
+
+
+cdef void units_grow(SentUnits* units) noexcept:
+    cdef uint64_t capacity = units.capacity * 2
+    cdef SentUnit* ring = <SentUnit*>PyMem_Malloc(capacity * sizeof(SentUnit))
+    cdef uint64_t u, first = units.head - units.capacity if units.head > units.capacity else 0
+    if ring == NULL:
+        return              # go on overwriting: late acks fall back to RTO repair
+    if first < units.tail:
+        first = units.tail
+    for u in range(first, units.head):
+        ring[u & (capacity - 1)] = units.ring[u & (units.capacity - 1)]
+    PyMem_Free(units.ring)
+    units.ring = ring
+    units.capacity = capacity
+    units.tail = first
 
 
 cdef int check_window(str name, int window) except -1:
@@ -128,11 +134,11 @@ cdef class SendChannel:
     cdef bint has_unsent(self):
         return self.pending_count > 0
 
-    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+    cdef Py_ssize_t write(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
                           double now, double rto, uint32_t stamp):
         return pos
 
-    cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
+    cdef Py_ssize_t write_redundant(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
                                     bint copies, int max_copies, int prompt_copies, double now,
                                     double late_after):
@@ -154,7 +160,7 @@ cdef class SendChannel:
 cdef class UnreliableSendChannel(SendChannel):
     """Each message is written into the next datagram with room for it, once."""
 
-    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+    cdef Py_ssize_t write(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
                           double now, double rto, uint32_t stamp):
         cdef bytes payload
         cdef Py_ssize_t n
@@ -308,7 +314,7 @@ cdef class ReliableSendChannel(SendChannel):
         m.next_fragment = 0
         self.unsent -= 1
 
-    cdef Py_ssize_t write(self, SentUnits units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+    cdef Py_ssize_t write(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
                           double now, double rto, uint32_t stamp):
         """Write new and RTO-due messages, oldest first; stop at the first that does not fit."""
         cdef uint16_t msg_id = self.oldest
@@ -331,7 +337,7 @@ cdef class ReliableSendChannel(SendChannel):
                     return pos
                 payload = <bytes>m.payload
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
-                units.add(self.channel_id, msg_id, 0)
+                units_add(units, self.channel_id, msg_id, 0)
             else:
                 fragments = <list>m.payload
                 acks = self.fragment_acks[slot]
@@ -344,7 +350,7 @@ cdef class ReliableSendChannel(SendChannel):
                             return pos
                         pos += write_fragment_record(buf + pos, self.channel_id, msg_id, frag,
                                                      m.fragment_count, payload, n)
-                        units.add(self.channel_id, msg_id, frag)
+                        units_add(units, self.channel_id, msg_id, frag)
                     m.next_fragment += 1
             m.stamp = stamp
             m.copies = 0
@@ -482,7 +488,7 @@ cdef inline bint copy_due(OutMessage* m, uint32_t stamp, bint copies, int max_co
 
 
 cdef class RedundantSendChannel(ReliableSendChannel):
-    cdef Py_ssize_t write_redundant(self, SentUnits units, uint8_t* buf, Py_ssize_t pos,
+    cdef Py_ssize_t write_redundant(self, SentUnits* units, uint8_t* buf, Py_ssize_t pos,
                                     Py_ssize_t end, Py_ssize_t budget, uint32_t stamp,
                                     bint copies, int max_copies, int prompt_copies, double now,
                                     double late_after):
@@ -522,7 +528,7 @@ cdef class RedundantSendChannel(ReliableSendChannel):
             if m != NULL and copy_due(m, stamp, copies, max_copies, prompt_copies, now, late_after):
                 payload = <bytes>m.payload
                 pos += write_message_record(buf + pos, self.channel_id, msg_id, payload, len(payload))
-                units.add(self.channel_id, msg_id, 0)
+                units_add(units, self.channel_id, msg_id, 0)
                 m.stamp = stamp
                 if m.overdue:
                     # Its RTO resend, riding along: the RTO runs from here, copies start over.

@@ -1,5 +1,4 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.rtt cimport Rtt
 from relay_core.redundancy cimport LinkState, LINK_CLEAN
 from relay_core.channel cimport ReceiveChannel, SendChannel, SentUnits
@@ -85,7 +84,10 @@ cdef class Peer:
     cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
     cdef int sent_size                  # sent_packet_buffer (a power of two)
     cdef SentUnits units
-    cdef SequenceBuffer received_packets
+    # Which of the peer's packets arrived, in the received window (seqbuf's tags: slot = seq %
+    # received_size): a repeat beyond the 32 acked bits is still known for a duplicate.
+    cdef uint32_t* received_tags
+    cdef int received_size
     # Channel i's send object at [2 i], its receive object at [2 i + 1], for i < INLINE_CHANNELS
     # (borrowed from send_channels and recv_channels): one cache line, where each list costs two.
     cdef void* channel_at[2 * INLINE_CHANNELS]

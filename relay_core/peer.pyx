@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 
 from relay_core.aead cimport AEAD_KEY_SIZE, AEAD_NONCE_SIZE, aead_open, aead_seal
-from relay_core.seqbuf cimport SequenceBuffer
+from relay_core.seqbuf cimport tags_new, tags_contain, tags_insert, tags_remove_range
 from relay_core.rtt cimport Rtt, rtt_add_sample, rtt_init
 from relay_core.redundancy cimport (
     LinkState, link_init, link_judged, link_rtt, link_update, link_burst_length,
@@ -26,7 +26,8 @@ from relay_core.fragment cimport MemoryBudget
 from relay_core.outbox cimport Outbox, outbox_commit, outbox_reserve
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.channel cimport (
-    SentUnits, SentUnit, SendChannel, ReceiveChannel, OrderedReceiveChannel, MODE_REDUNDANT,
+    SentUnits, SentUnit, units_init, units_release, units_hold, SendChannel, ReceiveChannel,
+    OrderedReceiveChannel, MODE_REDUNDANT,
 )
 from relay_core.wire cimport (
     DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
@@ -143,7 +144,8 @@ cdef class Peer:
         self.connect_resend_interval = config.connect_resend_interval
         self.disconnect_code = 0
 
-        self.received_packets = SequenceBuffer(config.received_packet_window)
+        self.received_tags = tags_new(config.received_packet_window)
+        self.received_size = config.received_packet_window
         # One record per packet in one array: an ack reads one cache line, not five.
         n = config.sent_packet_buffer
         # Slots are found by seq & (n - 1), unchecked: n must be a power of two.
@@ -158,8 +160,8 @@ cdef class Peer:
             self.sent[i].tag = NO_PACKET
         self.highest_acked = 0xFFFF     # "packet -1": nothing acked yet, first seq is 0
         # Small while few packets await their ack; grows to sent_unit_capacity when needed.
-        self.units = SentUnits(min(INITIAL_SENT_UNITS, config.sent_unit_capacity),
-                               config.sent_unit_capacity)
+        units_init(&self.units, min(INITIAL_SENT_UNITS, config.sent_unit_capacity),
+                   config.sent_unit_capacity)
         self.unacked_tail = 0
         self.loss = 0.0
         self.loss_cursor = 0
@@ -219,6 +221,8 @@ cdef class Peer:
 
     def __dealloc__(self):
         PyMem_Free(self.sent)
+        PyMem_Free(self.received_tags)
+        units_release(&self.units)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -404,9 +408,9 @@ cdef class Peer:
         if self.has_received:
             distance = seq_diff(h.seq, self.latest_received)
             if distance <= 0:
-                if -distance >= self.received_packets.size:
+                if -distance >= self.received_size:
                     return -(DROP_STALE_PACKET + 1)
-                if self.received_packets.contains(h.seq):
+                if tags_contain(self.received_tags, self.received_size, h.seq):
                     return -(DROP_DUPLICATE_PACKET + 1)
         self.last_receive_at = now
         self.packets_received += 1
@@ -476,13 +480,13 @@ cdef class Peer:
             distance = seq_diff(seq, self.latest_received)
             if distance > 0:
                 if distance > 1:
-                    self.received_packets.remove_range(<uint16_t>(self.latest_received + 1),
-                                                       <uint16_t>(seq - 1))
+                    tags_remove_range(self.received_tags, self.received_size,
+                                      <uint16_t>(self.latest_received + 1), <uint16_t>(seq - 1))
                 self.received_bits = 1 if distance >= 32 else (self.received_bits << distance) | 1
                 self.latest_received = seq
             elif -distance < 32:
                 self.received_bits |= (<uint32_t>1) << (-distance)
-        self.received_packets.insert(seq)
+        tags_insert(self.received_tags, self.received_size, seq)
         if seq == self.latest_received:
             self.latest_remote_send_time = remote_send_time
             self.latest_received_at = now
@@ -537,7 +541,7 @@ cdef class Peer:
         """Our packet ``seq`` arrived: each message unit it carried is acked to its channel."""
         cdef uint64_t u, start
         cdef SentUnit* unit
-        cdef SentUnits units = self.units
+        cdef SentUnits* units = &self.units
         cdef SentPacket* packet = self.sent_packet(seq)
         if packet == NULL or packet.acked:
             return
@@ -545,7 +549,7 @@ cdef class Peer:
         self.packets_acked += 1
         start = packet.unit_start
         # Units overwritten by newer packets are repaired by RTO instead.
-        if not units.holds(start):
+        if not units_hold(units, start):
             return
         for u in range(start, start + packet.unit_count):
             unit = &units.ring[u & (units.capacity - 1)]
@@ -576,10 +580,10 @@ cdef class Peer:
         """Copies start (or go on), and the redundant channels resend what only it carried."""
         cdef uint64_t u, start = packet.unit_start
         cdef uint64_t count = packet.unit_count
-        cdef SentUnits units = self.units
+        cdef SentUnits* units = &self.units
         cdef SentUnit* unit
         self.gap_losses += 1
-        if not units.holds(start):
+        if not units_hold(units, start):
             return
         for u in range(start, start + count):
             unit = &units.ring[u & (units.capacity - 1)]
@@ -681,7 +685,7 @@ cdef class Peer:
             units_start = self.units.head
             pos = DATA_HEADER_SIZE
             for i in range(self.channel_count):
-                pos = self.send_channel(i).write(self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
+                pos = self.send_channel(i).write(&self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
             carries_messages = pos > DATA_HEADER_SIZE
             if self.blocks_busy:
                 pos = self.block_in.write_ack(buf, pos, end)
@@ -694,7 +698,7 @@ cdef class Peer:
                             continue
                         channel = self.send_channel(i)
                         if copies or channel.overdue:
-                            pos = channel.write_redundant(self.units, buf, pos, end, budget, self.stamp,
+                            pos = channel.write_redundant(&self.units, buf, pos, end, budget, self.stamp,
                                                           copies, max_copies, prompt_copies, now,
                                                           late_copy)
                 if self.block_sending():

@@ -8,28 +8,42 @@ a sequence stays the same after the wrap.
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint16_t, uint32_t
 
-cdef uint32_t EMPTY_TAG = 0xFFFFFFFF
+cdef uint32_t* tags_new(int size) except NULL:
+    """``size`` empty slots (free them with PyMem_Free)."""
+    cdef uint32_t* tags
+    cdef int i
+    if size <= 0 or size > 32768 or (size & (size - 1)) != 0:
+        raise ValueError(f"sequence buffer size must be a power of two in 1..32768, got {size}")
+    tags = <uint32_t*>PyMem_Malloc(size * sizeof(uint32_t))
+    if tags == NULL:
+        raise MemoryError()
+    for i in range(size):
+        tags[i] = EMPTY_TAG
+    return tags
+
+
+cdef void tags_remove_range(uint32_t* tags, int size, uint16_t first, uint16_t last) noexcept nogil:
+    """Clear every slot for first..last inclusive (a forward jump skipped them)."""
+    cdef uint32_t count = <uint16_t>(last - first) + 1
+    cdef uint32_t i
+    if count >= <uint32_t>size:
+        for i in range(<uint32_t>size):
+            tags[i] = EMPTY_TAG
+        return
+    for i in range(count):
+        tags[<uint16_t>(first + i) & (size - 1)] = EMPTY_TAG
 
 
 cdef class SequenceBuffer:
     def __cinit__(self, int size):
-        if size <= 0 or size > 32768 or (size & (size - 1)) != 0:
-            raise ValueError(f"sequence buffer size must be a power of two in 1..32768, got {size}")
+        self.tags = tags_new(size)
         self.size = size
-        self.tags = <uint32_t*>PyMem_Malloc(size * sizeof(uint32_t))
-        if self.tags == NULL:
-            raise MemoryError()
-        cdef int i
-        for i in range(size):
-            self.tags[i] = EMPTY_TAG
 
     def __dealloc__(self):
         PyMem_Free(self.tags)
 
     cdef int insert(self, uint16_t seq) noexcept nogil:
-        cdef int index = seq & (self.size - 1)
-        self.tags[index] = seq
-        return index
+        return tags_insert(self.tags, self.size, seq)
 
     cdef void remove(self, uint16_t seq) noexcept nogil:
         cdef int index = seq & (self.size - 1)
@@ -37,15 +51,7 @@ cdef class SequenceBuffer:
             self.tags[index] = EMPTY_TAG
 
     cdef void remove_range(self, uint16_t first, uint16_t last) noexcept nogil:
-        """Clear every slot for first..last inclusive (a forward jump skipped them)."""
-        cdef uint32_t count = <uint16_t>(last - first) + 1
-        cdef uint32_t i
-        if count >= <uint32_t>self.size:
-            for i in range(<uint32_t>self.size):
-                self.tags[i] = EMPTY_TAG
-            return
-        for i in range(count):
-            self.tags[<uint16_t>(first + i) % self.size] = EMPTY_TAG
+        tags_remove_range(self.tags, self.size, first, last)
 
     # Python-level access for tests and tooling.
     def __contains__(self, int seq):
