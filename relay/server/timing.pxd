@@ -1,15 +1,22 @@
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint64_t
+
+
+cdef enum:
+    LATE_BITS_INLINE = 4        # words of late marks kept in the object: windows up to 256
 
 
 cdef class InputTiming:
+    # What record() touches, first: the late marks of a window up to 256 sit in these lines
+    # (late_inline), so an input costs no cache line beyond the object and its response slot.
+    cdef uint64_t* late_bits            # bit i: input i of the ring missed its frame
     cdef float* responses
-    cdef uint8_t* late
     cdef readonly Py_ssize_t window
     cdef readonly Py_ssize_t samples
     cdef Py_ssize_t next_response
     cdef readonly Py_ssize_t late_count
     cdef readonly Py_ssize_t late_seen
     cdef Py_ssize_t next_late
+    cdef uint64_t late_inline[LATE_BITS_INLINE]
     cdef public object advised
     cdef public double advised_at
     cdef public Py_ssize_t response_ms

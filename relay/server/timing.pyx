@@ -2,11 +2,11 @@
 
 Every player's every input passes through ``InputTiming.record`` and looks up when the frame it
 names as held closed (``CloseTimes.since``), so both keep raw C rings: 4 bytes a response time
-and 1 byte a late mark per player (``window`` of each), 16 bytes a frame per room.
+and 1 bit a late mark per player (``window`` of each), 16 bytes a frame per room.
 """
 from cpython.mem cimport PyMem_Malloc, PyMem_Calloc, PyMem_Free
 from libc.math cimport ceil
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint64_t
 
 cdef enum:
     # Close times kept for timing inputs (16 bytes a frame, per room): a client whose newest
@@ -82,21 +82,30 @@ cdef class InputTiming:
             raise ValueError("input timing window must be at least 1")
         self.window = window
         self.responses = <float*>PyMem_Malloc(window * sizeof(float))
-        self.late = <uint8_t*>PyMem_Calloc(window, 1)
-        if self.responses == NULL or self.late == NULL:
+        if window <= 64 * LATE_BITS_INLINE:
+            self.late_bits = self.late_inline       # zeroed with the object
+        else:
+            self.late_bits = <uint64_t*>PyMem_Calloc((window + 63) // 64, sizeof(uint64_t))
+        if self.responses == NULL or self.late_bits == NULL:
             raise MemoryError()
         self.advised = None
 
     def __dealloc__(self):
         PyMem_Free(self.responses)
-        PyMem_Free(self.late)
+        if self.late_bits != self.late_inline:
+            PyMem_Free(self.late_bits)
 
     cpdef void record(self, bint late, double response):
         """One input: whether it arrived after its frame closed, and its response time
         (negative: the input says nothing about the link)."""
         cdef Py_ssize_t index = self.next_late
-        self.late_count += late - self.late[index]
-        self.late[index] = late
+        cdef uint64_t bit = (<uint64_t>1) << (index & 63)
+        cdef uint64_t* word = &self.late_bits[index >> 6]
+        self.late_count += late - ((word[0] & bit) != 0)
+        if late:
+            word[0] |= bit
+        else:
+            word[0] &= ~bit
         self.next_late = index + 1 if index + 1 < self.window else 0
         if self.late_seen < self.window:
             self.late_seen += 1

@@ -265,3 +265,18 @@ def test_input_timing_percentiles_match_a_sort_on_random_windows():
         for percent in [0.1, 10, 50, 90, 95, 99, 100] + near_top:
             rank = max(1, math.ceil(percent / 100 * len(held)))
             assert timing.percentile(percent) == pytest.approx(held[rank - 1], rel=1e-6), (window, percent)
+
+
+def test_input_timing_counts_the_late_inputs_of_its_last_window():
+    import random
+
+    from relay.server.timing import InputTiming
+
+    rng = random.Random(11)
+    for window in (1, 63, 64, 65, 256, 257, 1000):     # past 256 the marks live on the heap
+        timing = InputTiming(window)
+        marks = [rng.random() < 0.3 for _ in range(rng.randrange(1, 3 * window + 2))]
+        for late in marks:
+            timing.record(late, -1.0)
+        assert timing.late_seen == min(window, len(marks))
+        assert timing.late_count == sum(marks[-window:]), window
