@@ -381,6 +381,9 @@ cdef class Peer:
         cdef uint8_t* out
         cdef uint8_t opened_here[OPENED_ON_STACK]
         cdef list delivered = DELIVERED
+        # Shared by every peer and emptied after each use: emptied here too, so nothing a call
+        # that raised part-way left in it can reach this peer's sink.
+        delivered.clear()
         if self.sealed:
             # Authenticate before anything else: a forged or altered packet changes no state
             # (acks, RTT, the received-packet buffer, the idle timer) and is never answered.
@@ -427,9 +430,6 @@ cdef class Peer:
                 if r.channel >= self.channel_count:
                     status = -(DROP_UNKNOWN_CHANNEL + 1)
                     break
-                # Shared by every peer: emptied first, so nothing an interrupted call left in
-                # it can reach this peer's sink.
-                delivered.clear()
                 rc = self.recv_channel(r.channel).on_record(&r, p, delivered)
                 if delivered:
                     sink = self.sink
@@ -441,7 +441,6 @@ cdef class Peer:
                     delivered.clear()
             elif r.kind == RK_BLOCK_SLICE:
                 self.blocks_busy = True
-                delivered.clear()
                 rc = self.block_in.on_slice(&r, p, delivered)
                 if delivered:
                     block_id, data = delivered.pop()

@@ -432,9 +432,9 @@ class Lobby:
         if room.actions:
             for action in room.take_actions():
                 self._execute(room, action)
-        frame = room.unsent_frame
+        frame, recipients = room.take_frame()
         if frame is not None:
-            self._broadcast_frame(room, frame, room.take_frame()[1])
+            self._broadcast_frame(room, frame, recipients)
         if room.events:
             for event in room.take_events():
                 self._reports.append((room, event))

@@ -184,7 +184,8 @@ class Room:
         """True: each tick's frame waits for its players in ``frame_recipients`` (the server
         hands it to the core in one call) instead of going out as a "send" Action per player."""
         self.frame_recipients: list = []
-        """broadcast_frames: the ids of the players ``unsent_frame`` is for, in order."""
+        """broadcast_frames: the ids of the players ``unsent_frame`` is for, in order (meaningful
+        only while it is set)."""
         self.unsent_frame: Optional[bytes] = None
         """broadcast_frames: the last closed frame until the server takes it (``take_frame``)."""
         self.report_frames = True
@@ -227,10 +228,11 @@ class Room:
 
     def take_frame(self) -> tuple[Optional[bytes], list]:
         """broadcast_frames: the closed frame still to send and its players' ids, or (None, [])."""
-        frame, recipients = self.unsent_frame, self.frame_recipients
+        frame = self.unsent_frame
+        if frame is None:
+            return None, []
         self.unsent_frame = None
-        self.frame_recipients = []
-        return frame, recipients
+        return frame, self.frame_recipients
 
     # -- membership -------------------------------------------------------------------------
 
@@ -596,7 +598,6 @@ class Room:
             self.actions.append(Action("broadcast", -1, STREAM, self.unsent_frame,
                                        peer_ids=self.frame_recipients))
             self.unsent_frame = None
-            self.frame_recipients = []
         number = self.open_frame
         inputs, synthesized = self.collect_inputs(number)
         data = encode_frame_of(number, inputs, self.pending_events, synthesized, self.last_inputs)

@@ -194,6 +194,39 @@ def test_a_bound_input_is_buffered_as_a_looked_up_one_and_a_left_member_takes_th
     assert room.buffered_inputs() == {0: {0: b"bound", 1: b"looked up"}}   # the leave frame's
 
 
+def bound_input_function():
+    """relay.server.room.accept_bound_input as callers reach it: compiled, the C function behind
+    the module's capsule (what InputRouter calls); uncompiled (tools/mutation.py), the plain one."""
+    import ctypes
+
+    from relay.server import room as room_module
+
+    capsule = getattr(room_module, "__pyx_capi__", {}).get("accept_bound_input")
+    if capsule is None:
+        return room_module.accept_bound_input
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+    signature = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.c_longlong,
+                                  ctypes.py_object, ctypes.c_longlong, ctypes.c_double)
+    return signature(address)
+
+
+def test_a_bound_input_reaches_its_members_room_and_none_once_the_member_has_left():
+    _, _, room = seated_room()
+    accept_bound_input = bound_input_function()
+    member = room.members[1]
+    assert accept_bound_input(member, 0, b"bound", -1, 0.1) == "accepted"
+    assert accept_bound_input(member, 0, b"again", -1, 0.1) == "duplicate"
+    room.detach(1, "left", 0.2)
+    assert member.room is None
+    assert accept_bound_input(member, 1, b"gone", 0, 0.2) is None     # for the general path
+    assert room.buffered_inputs() == {0: {0: b"bound"}}
+
+
 def test_the_core_hands_a_bound_peers_messages_to_take_bound_with_its_context():
     pair = connected_pair()
     calls = []
