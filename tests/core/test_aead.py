@@ -1,5 +1,5 @@
-"""relay_core.aead (libsodium's ChaCha20-Poly1305 IETF, called from C) against the declared test
-oracle, the ``cryptography`` package's ChaCha20Poly1305: the same bytes for every key, nonce,
+"""relay_core.aead (ChaCha20-Poly1305 IETF composed from libsodium's primitives, called from C)
+against the declared test oracle, the ``cryptography`` package's ChaCha20Poly1305: the same bytes for every key, nonce,
 plaintext and associated data, and refusal of anything altered. The cookie's keyed BLAKE2s
 (written out in relay_core.aead) against hashlib.blake2s."""
 import hashlib
@@ -44,6 +44,28 @@ def test_any_altered_byte_of_ciphertext_tag_or_associated_data_is_refused(key, n
     with pytest.raises(InvalidTag):         # the oracle agrees
         ChaCha20Poly1305(bytes(altered["key"])).decrypt(bytes(altered["nonce"]), bytes(altered["sealed"]),
                                                          bytes(altered["ad"]))
+
+
+# Both of the composition's paths and their edges: the keystream's rounding (to 256 up to 512
+# bytes with the key block, then to 64), the one-pass limits (2 048 bytes of message, 64 of
+# associated data) and the MAC's 16-byte padding on either side.
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 191, 192, 193, 447, 448, 449, 960, 2047, 2048,
+                                  2049, 5000])
+@pytest.mark.parametrize("ad_size", [0, 1, 20, 63, 64, 65, 200])
+def test_every_path_of_the_composition_matches_the_oracle(size, ad_size):
+    key, nonce = bytes(range(32)), bytes(range(100, 112))
+    plaintext, ad = bytes((7 * i) & 0xFF for i in range(size)), bytes((3 * i + 1) & 0xFF for i in range(ad_size))
+    sealed = aead.seal(key, nonce, plaintext, ad)
+    assert sealed == ChaCha20Poly1305(key).encrypt(nonce, plaintext, ad)
+    assert aead.open_(key, nonce, sealed, ad) == plaintext
+    for index in {0, len(sealed) // 2, len(sealed) - 1}:
+        altered = bytearray(sealed)
+        altered[index] ^= 0x80
+        with pytest.raises(aead.AeadError):
+            aead.open_(key, nonce, bytes(altered), ad)
+    if ad:
+        with pytest.raises(aead.AeadError):
+            aead.open_(key, nonce, sealed, ad[:-1] + bytes([ad[-1] ^ 1]))
 
 
 def test_sealed_data_shorter_than_a_tag_is_refused_not_read():
