@@ -389,6 +389,18 @@ cdef class BatchSocket:
             r = self._recvmmsg(fd, n)
             self.datagrams_read += r
             for i in range(r):
+                if self.in_place:
+                    # The peers are cold: while this datagram is handled, ask for the index slot
+                    # four datagrams ahead, the peer three ahead, what its fields point to
+                    # (channels, packet rings, its room member) two ahead, its send windows one.
+                    if i + 4 < r:
+                        admission.prefetch_slot(&self.raddrs[i + 4])
+                    if i + 3 < r:
+                        admission.prefetch_sender(&self.raddrs[i + 3], 0)
+                    if i + 2 < r:
+                        admission.prefetch_sender(&self.raddrs[i + 2], 1)
+                    if i + 1 < r:
+                        admission.prefetch_sender(&self.raddrs[i + 1], 2)
                 if msgs[i].msg_hdr.msg_flags & MSG_TRUNC:
                     self.truncated += 1
                     continue

@@ -104,6 +104,7 @@ cdef class SendChannel:
     cdef void expire(self, double now, bint lateness_likely)
     cdef double next_deadline(self)
     cdef Py_ssize_t queued(self)
+    cdef void prefetch_window(self) noexcept
 
 
 cdef class UnreliableSendChannel(SendChannel):

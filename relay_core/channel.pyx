@@ -28,6 +28,7 @@ from relay_core.fragment cimport (
     ADMIT_OK, PIECE_OVERHEAD, STORAGE_OVERHEAD, STORAGE_SLOT, MemoryBudget, PartialMessage, refusal,
     split_message,
 )
+from relay_core.prefetch cimport relay_prefetch
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.wire cimport (
     Record, RK_MESSAGE, RK_FRAGMENT, MESSAGE_RECORD_OVERHEAD, FRAGMENT_RECORD_OVERHEAD,
@@ -130,6 +131,10 @@ cdef class SendChannel:
 
     cdef Py_ssize_t queued(self):
         return self.pending_count
+
+    cdef void prefetch_window(self) noexcept:
+        """Ask for the window slots the next ack or write touches (nothing to ask for here)."""
+        pass
 
     cdef bint has_unsent(self):
         return self.pending_count > 0
@@ -242,6 +247,15 @@ cdef class ReliableSendChannel(SendChannel):
 
     cdef Py_ssize_t queued(self):
         return self.pending_count + <uint16_t>(self.next_id - self.oldest)
+
+    cdef void prefetch_window(self) noexcept:
+        """Ask for the slots of the newest message (what the next ack most likely names), of
+        the next one (what the next write fills) and of the oldest unacked."""
+        cdef int mask = self.capacity - 1
+        if self.msgs != NULL:
+            relay_prefetch(&self.msgs[<uint16_t>(self.next_id - 1) & mask])
+            relay_prefetch(&self.msgs[self.next_id & mask])
+            relay_prefetch(&self.msgs[self.oldest & mask])
 
     cdef bint has_unsent(self):
         if self.unsent > 0:

@@ -122,6 +122,8 @@ cdef class Endpoint:
     cdef int _index(self, Peer peer) except -1
     cdef int _grow_index(self) except -1
     cdef void _unindex(self, Peer peer) noexcept
+    cdef void prefetch_slot(self, const void* address) noexcept
+    cdef void prefetch_sender(self, const void* address, int level) noexcept
     cdef Peer _indexed(self, uint64_t key)
     cdef list flush_in_place(self, double now)
     cdef list _flush(self, double now, Outbox* box)

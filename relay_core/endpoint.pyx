@@ -34,6 +34,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
 from relay_core.fragment cimport MemoryBudget
+from relay_core.prefetch cimport relay_prefetch
 from relay_core.redundancy cimport LINK_MODES
 from relay_core.peer cimport (
     MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING, TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
@@ -100,6 +101,13 @@ cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
     x ^= x >> 27
     x *= 0x94D049BB133111EBULL
     return x ^ (x >> 31)
+
+
+cdef enum:
+    # How far ahead a pass over peers asks for a peer's first line (the flush's list), and how
+    # far ahead the receive path asks for a datagram's address-index slot (then, one datagram
+    # ahead, for its peer).
+    DUE_PREFETCH_AHEAD = 4
 
 
 cdef uint64_t raw_address_key(const void* address) noexcept nogil:
@@ -609,6 +617,26 @@ cdef class Endpoint:
         PyMem_Free(old)
         return 0
 
+    cdef void prefetch_slot(self, const void* address) noexcept:
+        """Ask for the address-index slot a datagram from ``address`` will be looked up in."""
+        cdef uint64_t key = raw_address_key(address)
+        if key != 0 and self.address_slots != NULL:
+            relay_prefetch(&self.address_slots[key & <uint64_t>self.address_mask])
+
+    cdef void prefetch_sender(self, const void* address, int level) noexcept:
+        """Ask for the memory of the connected peer at ``address``, if any, one level at a time,
+        each after the one before had time to arrive (the first after ``prefetch_slot``): 0 its
+        hot lines, 1 what its fields point to, 2 its send windows' slots."""
+        cdef Peer peer = self._indexed(raw_address_key(address))
+        if peer is None:
+            return
+        if level == 0:
+            peer.prefetch()
+        elif level == 1:
+            peer.prefetch_state()
+        else:
+            peer.prefetch_windows()
+
     cdef Peer _indexed(self, uint64_t key):
         """The indexed peer with this key, or None."""
         cdef Py_ssize_t i = <Py_ssize_t>(key & <uint64_t>self.address_mask)
@@ -684,8 +712,18 @@ cdef class Endpoint:
         for peer in self.closing:
             peer.flush(now, self.scratch, out, box)
         self.closing.clear()
-        for peer in self._due_peers(now):
-            self._visit(peer, now, out, box)
+        cdef list due = self._due_peers(now)
+        cdef Py_ssize_t i, count = len(due)
+        for i in range(count):
+            # Each peer is cold by now: ask for the memory of the next ones while visiting this,
+            # each level once the one it points from had time to arrive.
+            if i + 3 < count:
+                (<Peer>due[i + 3]).prefetch()
+            if i + 2 < count:
+                (<Peer>due[i + 2]).prefetch_state()
+            if i + 1 < count:
+                (<Peer>due[i + 1]).prefetch_windows()
+            self._visit(<Peer>due[i], now, out, box)
         return out
 
 
@@ -743,10 +781,18 @@ cdef class Endpoint:
                     continue
                 peer.dirty = True
                 peers.append(peer)
-        for peer in peers:
+        # One pass clears the flags and drops closed peers (removed from self.peers, flushed
+        # through self.closing), asking a few peers ahead for each one's first line.
+        cdef list due = []
+        cdef Py_ssize_t i, count = len(peers)
+        for i in range(count):
+            if i + DUE_PREFETCH_AHEAD < count:
+                relay_prefetch(<void*>peers[i + DUE_PREFETCH_AHEAD])
+            peer = <Peer>peers[i]
             peer.dirty = False
-        # Closed peers (removed from self.peers, flushed through self.closing) drop out.
-        return [peer for peer in peers if peer.state < STATE_DISCONNECTING]
+            if peer.state < STATE_DISCONNECTING:
+                due.append(peer)
+        return due
 
     cdef void _schedule(self, Peer peer):
         self._schedule_at(peer, peer.next_deadline())

@@ -6,12 +6,17 @@ from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.wire cimport DataHeader, SessionPacket
 from relay_core.outbox cimport Outbox
+from relay_core.prefetch cimport prefetch_lines, relay_prefetch
 
 # The connection's states and what moves it between them; peer.TRANSITIONS says which
 # (state, trigger) pairs are legal and where each leads (docs/PROTOCOL.md, section 9).
 cdef enum:
     # Channels whose send and receive objects a peer reaches without its lists (channel_at).
     INLINE_CHANNELS = 4
+    # Bytes of a channel object a datagram or a flush touches (its fields, not its window).
+    CHANNEL_HOT_BYTES = 256
+    # Bytes of the sink's object for the peer (the relay's room member) an input touches.
+    SINK_CONTEXT_HOT_BYTES = 192
 
 
 cdef enum PeerState:
@@ -226,6 +231,37 @@ cdef class Peer:
         if i < INLINE_CHANNELS:
             return <ReceiveChannel>self.channel_at[2 * i + 1]
         return <ReceiveChannel>self.recv_channels[i]
+
+    cdef inline void prefetch(self) noexcept:
+        """Ask for this peer's lines that a datagram or a flush reads or writes: everything
+        before the cold section (a pass over peers calls it a few peers ahead)."""
+        prefetch_lines(<void*>self, <char*>&self.raw_address[sizeof(self.raw_address)] - <char*><void*>self)
+
+    cdef inline void prefetch_state(self) noexcept:
+        """Ask for what the peer's own fields point to and the next datagram touches: its
+        first two channels' objects, the slots of its packet rings in use and its sink's
+        context. Reads the peer, so it goes after ``prefetch`` had time to bring it."""
+        cdef int i
+        for i in range(2 if INLINE_CHANNELS >= 2 else INLINE_CHANNELS):
+            if i < self.channel_count:
+                prefetch_lines(self.channel_at[2 * i], CHANNEL_HOT_BYTES)
+                relay_prefetch(self.channel_at[2 * i + 1])
+        # The newest sent packet (what the next ack most likely names) and the next one's slot.
+        relay_prefetch(&self.sent[<uint16_t>(self.next_seq - 1) & (self.sent_size - 1)])
+        relay_prefetch(&self.sent[self.next_seq & (self.sent_size - 1)])
+        if self.sink_context is not None:
+            prefetch_lines(<void*>self.sink_context, SINK_CONTEXT_HOT_BYTES)
+        if self.units.ring != NULL:
+            relay_prefetch(&self.units.ring[(self.units.head - 1) & (self.units.capacity - 1)])
+            relay_prefetch(&self.units.ring[self.units.head & (self.units.capacity - 1)])
+
+    cdef inline void prefetch_windows(self) noexcept:
+        """Ask for the send windows' slots the next ack or flush touches. Reads the channel
+        objects, so it goes after ``prefetch_state`` had time to bring them."""
+        cdef int i
+        for i in range(2 if INLINE_CHANNELS >= 2 else INLINE_CHANNELS):
+            if i < self.channel_count:
+                (<SendChannel>self.channel_at[2 * i]).prefetch_window()
 
     cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""
