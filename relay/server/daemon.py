@@ -260,7 +260,7 @@ class RelayServer:
         if lobby.counts:
             metrics.add_counts(lobby.counts)
             lobby.counts.clear()
-        outcomes = lobby.input_outcomes         # shared with the input router: cleared, not replaced
+        outcomes = lobby.input_outcomes         # the input router's too, to its latest input: cleared, not replaced
         if outcomes:
             for outcome, count in outcomes.items():
                 metrics.inputs.labels(outcome=outcome).inc(count)

@@ -60,20 +60,40 @@ cdef class InputRouter(MessageSink):
     queue) and from the event queue (``route``).
 
     Outcomes are counted in ``outcomes`` (outcome -> count; the server publishes and clears it
-    every tick). A refusal taken during the core's receive waits in ``refusals`` until the next
+    every tick): a run of equal outcomes (nearly every input is "accepted") is counted in C and
+    goes into the dict when another outcome comes or the dict is read. A refusal taken during the core's receive waits in ``refusals`` until the next
     ``route``, which reports it first: it came before anything in the queue.
     """
     cdef public dict room_of_peer       # peer id -> relay.server.room.Room
-    cdef public dict outcomes
+    cdef dict _outcomes
+    cdef str run_outcome                # the latest outcome, run_count times since the dict had it
+    cdef Py_ssize_t run_count
     cdef public list refusals           # (peer id, reason)
     cdef public object endpoint         # binds a seated player's peer to its member (bind_sink)
 
     def __init__(self, endpoint=None):
         self.channel = STREAM_CHANNEL
         self.room_of_peer = {}
-        self.outcomes = {}
+        self._outcomes = {}
         self.refusals = []
         self.endpoint = endpoint
+
+    @property
+    def outcomes(self):
+        """outcome -> count, up to the latest input."""
+        self._fold_run()
+        return self._outcomes
+
+    @outcomes.setter
+    def outcomes(self, dict value not None):
+        self._fold_run()
+        self._outcomes = value
+
+    cdef int _fold_run(self) except -1:
+        if self.run_count:
+            self._outcomes[self.run_outcome] = self._outcomes.get(self.run_outcome, 0) + self.run_count
+            self.run_count = 0
+        return 0
 
     def seat(self, int peer_id, room not None, member=None):
         """Inputs from ``peer_id`` go to ``room`` from now on; a player's ``member`` (its
@@ -125,7 +145,10 @@ cdef class InputRouter(MessageSink):
             else:
                 on_refused(peer_id, outcome[8:])
         else:
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            if outcome is not self.run_outcome:
+                self._fold_run()
+                self.run_outcome = outcome
+            self.run_count += 1
         return 1
 
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1:

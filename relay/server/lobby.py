@@ -141,8 +141,7 @@ class Lobby:
         """Rooms report each closed frame ("frame" events): only replays read them."""
         self.counts: Counter = Counter()
         """(metric, label or None) -> how many since the server last published them."""
-        self.input_outcomes: dict[str, int] = {}
-        """accepted/late/duplicate -> inputs, written by the compiled input router too."""
+        self._input_outcomes: dict[str, int] = {}
         self._roomless: dict[int, float] = {}
         """Connections in no room -> when they were first seen so (see close_roomless)."""
         self._reports: list[Report] = []
@@ -157,7 +156,7 @@ class Lobby:
         # INPUTs go from the core straight into their rooms (the STREAM channel's message
         # sink); the router holds who is in which room, the lobby seats and unseats peers.
         self.inputs = InputRouter(self.endpoint)
-        self.inputs.outcomes = self.input_outcomes
+        self.inputs.outcomes = self._input_outcomes
         self._room_of_peer: dict[int, Room] = self.inputs.room_of_peer
         self.endpoint.set_message_sink(self.inputs)
 
@@ -246,7 +245,7 @@ class Lobby:
             if outcome.startswith("refused:"):
                 self._refuse_input(peer_id, outcome[8:])
             else:
-                self.input_outcomes[outcome] = self.input_outcomes.get(outcome, 0) + 1
+                self._input_outcomes[outcome] = self._input_outcomes.get(outcome, 0) + 1
             return
         if channel != CONTROL:
             self._drop(peer_id, "wrong_channel", "control messages go on channel 0")
@@ -549,6 +548,12 @@ class Lobby:
             self._report(None, "connections_closed", reason="join_timeout", count=closed)
 
     # -- queries ----------------------------------------------------------------------------
+
+    @property
+    def input_outcomes(self) -> dict[str, int]:
+        """accepted/late/duplicate -> inputs since the server last cleared it (the dict it
+        clears): the general path's and the compiled input router's, up to the latest input."""
+        return self.inputs.outcomes
 
     def room_counts(self) -> dict[str, int]:
         counts = {WAITING: 0, RUNNING: 0, ENDED: 0}

@@ -503,7 +503,6 @@ class RelayFuzz:
     def _observe(self) -> None:
         server = self.server
         lobby = server.lobby
-        outcomes = lobby.input_outcomes
         report, on_message = server._observe_event, lobby._on_message
         refuse_input, drop, remove = lobby._refuse_input, lobby._drop, lobby._remove
 
@@ -519,13 +518,13 @@ class RelayFuzz:
                     return on_message(peer_id, channel, payload, now)
                 finally:
                     self.in_message = None
-            before = dict(outcomes)
+            before = dict(lobby.input_outcomes)     # read through the property: up to date
             self.in_message = inner = []
             try:
                 on_message(peer_id, channel, payload, now)
             finally:
                 self.in_message = None
-            for outcome, count in outcomes.items():
+            for outcome, count in lobby.input_outcomes.items():
                 for _ in range(count - before.get(outcome, 0)):
                     inner.append((peer_id, outcome))
                     self.general_outcomes[outcome] += 1
@@ -645,8 +644,7 @@ class RelayFuzz:
         """One datagram in, then the events, as the server's read path does; every STREAM
         message resolved meanwhile is this client's (invariant 6)."""
         server = self.server
-        outcomes = server.lobby.input_outcomes
-        before = dict(outcomes)
+        before = dict(server.lobby.input_outcomes)  # read through the property: up to date
         membership = self.current.get(conn.address)
         peer_before = self.server_peer(conn)        # the datagram may end with it closed
         self.group, self.general_outcomes = [], collections.Counter()
@@ -656,7 +654,7 @@ class RelayFuzz:
         finally:
             group, self.group = self.group, None
         self.stats["datagrams_to_server"] += 1
-        for outcome, count in outcomes.items():     # the compiled path's outcomes (no peer id)
+        for outcome, count in server.lobby.input_outcomes.items():  # the compiled path's (no peer id)
             for _ in range(count - before.get(outcome, 0) - self.general_outcomes[outcome]):
                 group.append((None, outcome))
         if group:

@@ -177,6 +177,25 @@ def test_a_players_peer_is_bound_to_its_member_while_seated():
     assert endpoint.bound[2] is None and 7 not in endpoint.bound
 
 
+def test_outcomes_count_every_input_across_runs_reads_and_clears():
+    router, endpoint, room = seated_room()
+    member = room.members[1]
+    shared = {}
+    router.outcomes = shared
+    for frame in range(3):                       # a run of "accepted"
+        assert router.take_bound(1, member, packed_input(frame, b"a", frame - 1), 0.1)
+    assert router.take_bound(1, member, packed_input(2, b"again", 1), 0.1)      # "duplicate"
+    assert router.take_bound(1, member, packed_input(3, b"b", 2), 0.1)          # "accepted" again
+    assert router.outcomes is shared and shared == {"accepted": 4, "duplicate": 1}
+    shared.clear()                               # as the server does once a tick
+    assert router.take_bound(1, member, packed_input(4, b"c", 3), 0.1)
+    assert router.outcomes == {"accepted": 1}
+    replacement = {}
+    assert router.take_bound(1, member, packed_input(5, b"d", 4), 0.1)
+    router.outcomes = replacement                # what was counted stays with the old dict
+    assert shared == {"accepted": 2} and router.outcomes == {}
+
+
 def test_a_bound_input_is_buffered_as_a_looked_up_one_and_a_left_member_takes_the_general_path():
     router, endpoint, room = seated_room()
     member = room.members[1]
