@@ -193,6 +193,13 @@ class _BatchedTransport:
         self._driver.send([(bytes(data), addr)])
 
 
+UNWATCHED_SEND = 128
+"""Datagrams from which a send goes out with the socket unwatched for reading: unwatching and
+watching again cost ~5 us; each datagram sent while watched, ~0.15 us of wake-up (measured at
+2 048 players: 4 % of the relay's CPU). What arrives meanwhile waits in the receive buffer and
+the watch, level-triggered, fires at once when it comes back."""
+
+
 class BatchedEndpointDriver:
     """EndpointDriver's interface over a non-blocking UDP socket read and written in batches.
 
@@ -208,7 +215,8 @@ class BatchedEndpointDriver:
     datagrams -- each wake-up costs a scheduler switch, an event-loop turn and a flush. While
     every interval's pass finds datagrams the socket stays unwatched and a timer reads it; the
     watch comes back once a pass finds nothing. ``read_now()`` reads at once (the relay server
-    calls it before closing a tick's frames, so no waiting input misses its frame).
+    calls it before closing a tick's frames, so no waiting input misses its frame). A send of
+    UNWATCHED_SEND datagrams or more goes out with the socket unwatched (see there).
 
     ``defer_flush``: after a read pass the owner gets the core's events at once, but the core
     is flushed only if it has output due now (``Endpoint.output_due``: a handshake reply, a
@@ -420,9 +428,22 @@ class BatchedEndpointDriver:
     def _send_from(self, datagrams: Optional[list], start: int, total: int = -1) -> int:
         """Send datagrams[start:] (None: the endpoint's outbox, ``total`` long) until done or
         EAGAIN; returns the index of the first unsent."""
-        io = self.io
         if datagrams is not None:
             total = len(datagrams)
+        # While the socket is watched for reading, every datagram the kernel frees after sending
+        # it wakes the watch's queue (to say "writable", which nobody asked for): a locked queue
+        # the other side's datagrams to us also take. A big batch goes out unwatched instead.
+        unwatch = total - start >= UNWATCHED_SEND and self._read_paused is None
+        if unwatch:
+            self.loop.remove_reader(self._fd)
+        try:
+            return self._send_batches(datagrams, start, total)
+        finally:
+            if unwatch and not self.is_closing:
+                self.loop.add_reader(self._fd, self._on_readable)
+
+    def _send_batches(self, datagrams: Optional[list], start: int, total: int) -> int:
+        io = self.io
         count = size = 0
         io_errors = io.recv_errors + io.send_errors
         while start < total:         # each pass consumes at least one datagram or stops

@@ -242,10 +242,9 @@ cdef class Peer:
         first two channels' objects, the slots of its packet rings in use and its sink's
         context. Reads the peer, so it goes after ``prefetch`` had time to bring it."""
         cdef int i
-        for i in range(2 if INLINE_CHANNELS >= 2 else INLINE_CHANNELS):
-            if i < self.channel_count:
-                prefetch_lines(self.channel_at[2 * i], CHANNEL_HOT_BYTES)
-                relay_prefetch(self.channel_at[2 * i + 1])
+        for i in range(min(2, self.channel_count)):      # INLINE_CHANNELS >= 2
+            prefetch_lines(self.channel_at[2 * i], CHANNEL_HOT_BYTES)
+            relay_prefetch(self.channel_at[2 * i + 1])
         # The newest sent packet (what the next ack most likely names) and the next one's slot.
         relay_prefetch(&self.sent[<uint16_t>(self.next_seq - 1) & (self.sent_size - 1)])
         relay_prefetch(&self.sent[self.next_seq & (self.sent_size - 1)])
@@ -259,9 +258,8 @@ cdef class Peer:
         """Ask for the send windows' slots the next ack or flush touches. Reads the channel
         objects, so it goes after ``prefetch_state`` had time to bring them."""
         cdef int i
-        for i in range(2 if INLINE_CHANNELS >= 2 else INLINE_CHANNELS):
-            if i < self.channel_count:
-                (<SendChannel>self.channel_at[2 * i]).prefetch_window()
+        for i in range(min(2, self.channel_count)):      # INLINE_CHANNELS >= 2
+            (<SendChannel>self.channel_at[2 * i]).prefetch_window()
 
     cdef inline SentPacket* sent_packet(self, uint16_t seq) noexcept:
         """Our packet ``seq``, or NULL once a newer one has taken its slot."""

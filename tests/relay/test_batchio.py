@@ -475,6 +475,48 @@ def test_a_busy_socket_is_read_by_a_timer_and_watched_again_once_quiet():
     run(scenario())
 
 
+def test_a_big_send_goes_out_unwatched_and_the_watch_comes_back():
+    """From UNWATCHED_SEND datagrams a send unwatches the socket (no write-space wake-up per
+    datagram) and watches it again after, so what arrived meanwhile is read at once; a small
+    send leaves the watch alone, and a driver closed mid-send is not watched again."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        calls = []
+        add_reader, remove_reader = loop.add_reader, loop.remove_reader
+        loop.add_reader = lambda fd, cb: (calls.append("watch"), add_reader(fd, cb))
+        loop.remove_reader = lambda fd: (calls.append("unwatch"), remove_reader(fd))
+        driver = await open_batched_driver(server_endpoint(), ("127.0.0.1", 0), lambda now: None)
+        address = driver.transport.get_extra_info("sockname")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            peer.setblocking(False)
+            target = peer.getsockname()
+            try:
+                calls.clear()
+                driver.send([(b"s", target)] * (transport.UNWATCHED_SEND - 1))
+                assert calls == []
+                big = [(b"%d" % i, target) for i in range(transport.UNWATCHED_SEND)]
+                driver.send(big)
+                assert calls == ["unwatch", "watch"]
+                got = drain(peer.fileno(), 2 * transport.UNWATCHED_SEND - 1)
+                assert [d for d, _ in got[transport.UNWATCHED_SEND - 1:]] == [d for d, _ in big]
+                before = driver.datagrams_received
+                peer.sendto(b"junk", address)            # read by the watch, not by read_now
+                for _ in range(100):
+                    await asyncio.sleep(0.001)
+                    if driver.datagrams_received > before:
+                        break
+                assert driver.datagrams_received == before + 1
+                calls.clear()
+                driver.on_sent = lambda count, size: driver.close()
+                driver.send(big)
+                assert calls == ["unwatch", "unwatch"] and driver.closed.is_set()
+            finally:
+                driver.close()
+
+    run(scenario())
+
+
 def test_the_timer_waits_for_its_deadline_instead_of_spinning_on_a_millisecond_clock():
     import uvloop
 
