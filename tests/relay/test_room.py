@@ -956,3 +956,79 @@ def test_a_long_history_goes_in_several_blocks(monkeypatch):
     assert harness.room.members[late.peer_id].catching_up
     harness.room.on_block_delivered(late.peer_id)
     assert not harness.room.members[late.peer_id].catching_up
+
+
+# -- the lobby's compiled pass over its rooms ----------------------------------------------------
+
+class SendMany:
+    """Stands in for Endpoint.send_many: records each call; refuses or raises when told to."""
+
+    def __init__(self, refuse=(), error=None):
+        self.calls: list = []
+        self.refuse, self.error = list(refuse), error
+
+    def __call__(self, peer_ids, channel, payload):
+        self.calls.append((list(peer_ids), channel, payload))
+        if self.error is not None:
+            raise self.error
+        return [p for p in peer_ids if p in self.refuse]
+
+
+def broadcasting(players=("alice", "bob")) -> tuple[Harness, list[Client]]:
+    harness, clients = running(players, missing_input_policy="neutral", neutral_input="00")
+    harness.room.broadcast_frames = True
+    harness.room.take_events()
+    return harness, clients
+
+
+def test_close_frames_sends_each_rooms_frame_at_once_and_reports_its_events():
+    (a, _), (b, _) = broadcasting(), broadcasting(("carol", "dave", "erin"))
+    send_many, reports = SendMany(), []
+    closed, broadcast, synthesized, unsettled, failed = room_module.close_frames(
+        [a.room, b.room], 1.0, send_many, False, reports)
+    assert (closed, broadcast, unsettled, failed) == (2, 5, [], [])
+    assert synthesized == a.room.synthesized_inputs + b.room.synthesized_inputs > 0
+    assert send_many.calls == [([1, 2], STREAM, a.room.history[0]),
+                               ([1, 2, 3], STREAM, b.room.history[0])]
+    assert [(room, event.kind, event.detail["frame"]) for room, event in reports] == [
+        (a.room, "frame", 0), (b.room, "frame", 0)]
+    assert a.room.take_frame() == (None, []) and not a.room.actions and not a.room.events
+
+
+def test_close_frames_leaves_a_room_with_more_to_settle_to_the_server():
+    """Actions waiting, nobody connected, or no one left while draining: the room's frame and
+    events wait, to go out behind its actions."""
+    quiet, _ = broadcasting()
+    busy, _ = broadcasting()
+    busy.room.actions.append(room_module.Action("send", 1, CONTROL, b"x"))
+    empty, _ = broadcasting()
+    for peer in (1, 2):
+        empty.room.detach(peer, "left", 0.0)
+    empty.room.take_events()
+    send_many, reports = SendMany(), []
+    closed, _, _, unsettled, failed = room_module.close_frames(
+        [busy.room, quiet.room, empty.room], 1.0, send_many, False, reports)
+    assert unsettled == [busy.room, empty.room] and failed == [] and closed == 3
+    assert [call[2] for call in send_many.calls] == [quiet.room.history[0]]
+    assert [room for room, _ in reports] == [quiet.room]
+    assert busy.room.take_frame() == (busy.room.history[0], [1, 2]) and busy.room.events
+    _, _, _, unsettled, _ = room_module.close_frames([quiet.room], 2.0, SendMany(), True, [])
+    assert unsettled == []                          # draining, but it has players
+    quiet.room.members.clear()
+    _, _, _, unsettled, _ = room_module.close_frames([quiet.room], 3.0, SendMany(), True, [])
+    assert unsettled == [quiet.room]
+
+
+def test_close_frames_reports_refused_and_failed_sends_and_keeps_their_events():
+    harness, _ = broadcasting()
+    reports: list = []
+    _, _, _, _, failed = room_module.close_frames([harness.room], 1.0, SendMany(refuse=[2]),
+                                                  False, reports)
+    assert failed == [(harness.room, [2], len(harness.room.history[0]), None)]
+    assert reports == [] and harness.room.events        # reported after the failure, by the server
+    harness.room.take_events()
+    error = ValueError("too large")
+    _, _, _, _, failed = room_module.close_frames([harness.room], 2.0, SendMany(error=error),
+                                                  False, reports)
+    assert failed == [(harness.room, [1, 2], len(harness.room.history[1]), error)]
+    assert harness.room.take_frame() == (None, [])     # taken: the server reports it, not resends
