@@ -993,6 +993,9 @@ def test_close_frames_sends_each_rooms_frame_at_once_and_reports_its_events():
     assert [(room, event.kind, event.detail["frame"]) for room, event in reports] == [
         (a.room, "frame", 0), (b.room, "frame", 0)]
     assert a.room.take_frame() == (None, []) and not a.room.actions and not a.room.events
+    before = a.room.synthesized_inputs
+    closed, _, synthesized, _, _ = room_module.close_frames([a.room], 2.0, send_many, False, [])
+    assert closed == 1 and synthesized == a.room.synthesized_inputs - before == 2   # this tick's only
 
 
 def test_close_frames_leaves_a_room_with_more_to_settle_to_the_server():
@@ -1012,6 +1015,12 @@ def test_close_frames_leaves_a_room_with_more_to_settle_to_the_server():
     assert [call[2] for call in send_many.calls] == [quiet.room.history[0]]
     assert [room for room, _ in reports] == [quiet.room]
     assert busy.room.take_frame() == (busy.room.history[0], [1, 2]) and busy.room.events
+    ended, _ = broadcasting()
+    ended.room.end("admin")
+    ended.room.take_actions()
+    ended.room.take_events()
+    _, _, _, unsettled, _ = room_module.close_frames([ended.room], 1.0, SendMany(), False, [])
+    assert unsettled == [ended.room]                # for the server to forget
     _, _, _, unsettled, _ = room_module.close_frames([quiet.room], 2.0, SendMany(), True, [])
     assert unsettled == []                          # draining, but it has players
     quiet.room.members.clear()
@@ -1020,15 +1029,19 @@ def test_close_frames_leaves_a_room_with_more_to_settle_to_the_server():
 
 
 def test_close_frames_reports_refused_and_failed_sends_and_keeps_their_events():
-    harness, _ = broadcasting()
+    """The room whose send failed keeps its events for the server; the next room goes on."""
+    (harness, _), (after, _) = broadcasting(), broadcasting()
     reports: list = []
-    _, _, _, _, failed = room_module.close_frames([harness.room], 1.0, SendMany(refuse=[2]),
+    send_many = SendMany(refuse=[2])
+    _, _, _, _, failed = room_module.close_frames([harness.room, after.room], 1.0, send_many,
                                                   False, reports)
-    assert failed == [(harness.room, [2], len(harness.room.history[0]), None)]
+    assert failed == [(harness.room, [2], len(harness.room.history[0]), None),
+                      (after.room, [2], len(after.room.history[0]), None)]
     assert reports == [] and harness.room.events        # reported after the failure, by the server
     harness.room.take_events()
     error = ValueError("too large")
-    _, _, _, _, failed = room_module.close_frames([harness.room], 2.0, SendMany(error=error),
-                                                  False, reports)
-    assert failed == [(harness.room, [1, 2], len(harness.room.history[1]), error)]
+    _, _, _, _, failed = room_module.close_frames([harness.room, after.room], 2.0,
+                                                  SendMany(error=error), False, reports)
+    assert failed == [(harness.room, [1, 2], len(harness.room.history[1]), error),
+                      (after.room, [1, 2], len(after.room.history[1]), error)]
     assert harness.room.take_frame() == (None, [])     # taken: the server reports it, not resends
