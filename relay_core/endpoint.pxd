@@ -35,6 +35,12 @@ cdef class Endpoint:
     cdef Py_ssize_t address_mask        # capacity - 1 (a power of two)
     cdef Py_ssize_t address_count
     cdef dict peers
+    # The same peers in C, by peer id (open addressing, linear probing from id & mask; a
+    # slot holds the Peer, borrowed from peers): send_many finds a room's players in a line or
+    # two of slots, where the dict's lookup costs a cold index, entry and key object each.
+    cdef void** id_slots
+    cdef Py_ssize_t id_mask             # capacity - 1 (a power of two)
+    cdef Py_ssize_t id_count
     cdef dict sessions                  # session_id -> connected peer (address migration)
     cdef list closing
     # Peers are visited only when something may be due: the ones touched since their last flush
@@ -125,6 +131,10 @@ cdef class Endpoint:
     cdef void prefetch_slot(self, const void* address) noexcept
     cdef void prefetch_sender(self, const void* address, int level) noexcept
     cdef Peer _indexed(self, uint64_t key)
+    cdef int _id_index(self, Peer peer) except -1
+    cdef int _grow_id_index(self) except -1
+    cdef void _id_unindex(self, Peer peer) noexcept
+    cdef Peer _by_id(self, int peer_id)
     cdef list flush_in_place(self, double now)
     cdef list _flush(self, double now, Outbox* box)
     cdef int _visit(self, Peer peer, double now, list out, Outbox* box) except -1

@@ -269,6 +269,11 @@ cdef class Endpoint:
             raise MemoryError()
         self.address_mask = ADDRESS_SLOTS_MIN - 1
         self.address_count = 0
+        self.id_slots = <void**>PyMem_Calloc(ADDRESS_SLOTS_MIN, sizeof(void*))
+        if self.id_slots == NULL:
+            raise MemoryError()
+        self.id_mask = ADDRESS_SLOTS_MIN - 1
+        self.id_count = 0
         self.peers = {}
         self.sessions = {}
         self.closing = []
@@ -344,6 +349,7 @@ cdef class Endpoint:
         PyMem_Free(self.outbox.data)
         PyMem_Free(self.outbox.items)
         PyMem_Free(self.address_slots)
+        PyMem_Free(self.id_slots)
         PyMem_Free(self.scratch)
         PyMem_Free(self.unanswered_filter)
         PyMem_Free(self.known_addresses)
@@ -371,6 +377,7 @@ cdef class Endpoint:
         self._index(peer)
         self._know(address, 0, 1)
         self.peers[peer.peer_id] = peer
+        self._id_index(peer)
         self._touch(peer)
         self.output_pending = True
         return peer.peer_id
@@ -415,7 +422,10 @@ cdef class Endpoint:
         if size > largest:
             raise ValueError(f"message of {size} bytes on channel {channel} {advice} ({largest} bytes)")
         for peer_id in peer_ids:
-            peer = self.peers.get(peer_id)
+            try:
+                peer = self._by_id(peer_id)
+            except (TypeError, OverflowError):
+                peer = self.peers.get(peer_id)      # not a C int: whatever the dict says (None)
             if peer is None or peer.state >= STATE_DISCONNECTING:
                 continue
             if unreliable and size > largest - peer.reserve:
@@ -677,6 +687,69 @@ cdef class Endpoint:
         self.address_slots[i].peer = NULL
         self.address_count -= 1
         peer.address_key = 0
+
+    # -- the id index -----------------------------------------------------------------------
+
+    cdef int _id_index(self, Peer peer) except -1:
+        """Put a peer that has just entered ``peers`` into the id index."""
+        cdef Py_ssize_t i
+        if 2 * (self.id_count + 1) > self.id_mask + 1:
+            self._grow_id_index()
+        i = peer.peer_id & self.id_mask
+        while self.id_slots[i] != NULL:
+            i = (i + 1) & self.id_mask
+        self.id_slots[i] = <void*>peer
+        self.id_count += 1
+        return 0
+
+    cdef int _grow_id_index(self) except -1:
+        cdef void** old = self.id_slots
+        cdef Py_ssize_t old_size = self.id_mask + 1, size = old_size * 2, i, j
+        cdef void** slots = <void**>PyMem_Calloc(size, sizeof(void*))
+        if slots == NULL:
+            raise MemoryError()
+        for i in range(old_size):
+            if old[i] != NULL:
+                j = (<Peer>old[i]).peer_id & (size - 1)
+                while slots[j] != NULL:
+                    j = (j + 1) & (size - 1)
+                slots[j] = old[i]
+        self.id_slots = slots
+        self.id_mask = size - 1
+        PyMem_Free(old)
+        return 0
+
+    cdef Peer _by_id(self, int peer_id):
+        """The peer with this id, or None (what ``peers.get`` answers, from C slots)."""
+        cdef Py_ssize_t i = peer_id & self.id_mask
+        while self.id_slots[i] != NULL:
+            if (<Peer>self.id_slots[i]).peer_id == peer_id:
+                return <Peer>self.id_slots[i]
+            i = (i + 1) & self.id_mask
+        return None
+
+    cdef void _id_unindex(self, Peer peer) noexcept:
+        """Take a peer that has just left ``peers`` out of the id index, shifting back the
+        entries probed past its slot (no tombstones), as ``_unindex`` does."""
+        cdef Py_ssize_t i, j, home
+        cdef Py_ssize_t mask = self.id_mask
+        i = peer.peer_id & mask
+        while self.id_slots[i] != <void*>peer:
+            if self.id_slots[i] == NULL:
+                return
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if self.id_slots[j] == NULL:
+                break
+            home = (<Peer>self.id_slots[j]).peer_id & mask
+            if (home <= j and (home > i or i > j)) or (home > j and home > i and i > j):
+                continue
+            self.id_slots[i] = self.id_slots[j]
+            i = j
+        self.id_slots[i] = NULL
+        self.id_count -= 1
 
     @property
     def output_due(self):
@@ -1383,6 +1456,7 @@ cdef class Endpoint:
         self.peers_by_address[address] = peer
         self._index(peer)
         self.peers[peer.peer_id] = peer
+        self._id_index(peer)
         self.sessions[session_id] = peer
         self._know(address, session_id, 1)
         if source is not None:
@@ -1603,6 +1677,7 @@ cdef class Endpoint:
         """Remove a peer now; with code >= 0 a DISCONNECT goes out in the next flush."""
         cdef SendChannel channel
         if self.peers.pop(peer.peer_id, None) is not None:
+            self._id_unindex(peer)
             self._retire(peer)
             for channel in peer.send_channels:
                 self.closed_resends += channel.resends

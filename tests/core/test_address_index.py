@@ -62,3 +62,31 @@ def test_what_is_not_an_ip_address_is_not_indexed():
     assert server.indexed_peer("a unix socket path") is None
     assert server.indexed_peer(("not an ip", 5)) is None
     assert server.indexed_peer(("192.0.2.1", 5)) is None
+
+
+def test_send_many_finds_every_live_peer_by_id_through_connects_and_closes():
+    """The id index (Endpoint._by_id, send_many's lookup) through growth from 64 slots, closes
+    that leave holes in probe runs, and ids past the table's size that share a home slot: a send
+    to every id ever handed out reaches exactly the live peers, and strange ids are skipped."""
+    from relay_core import Endpoint
+    rng = random.Random(11)
+    endpoint = Endpoint(EndpointConfig())
+    live, gone = set(), set()
+    for round_number in range(4):
+        for index in range(150):
+            live.add(endpoint.connect(("10.1.%d.%d" % (round_number, index), 4000), 0.0))
+        for peer_id in rng.sample(sorted(live), 90):
+            endpoint.disconnect(peer_id)
+            live.remove(peer_id)
+            gone.add(peer_id)
+    assert set(endpoint.peer_ids) == live and len(live) == 240 and max(live) > 512
+    queued_before = {p: endpoint.channel_snapshot(p, 1)["next_id"] for p in live}
+    everyone = sorted(live | gone) + [0, -3, 10**6, 2**40, "x", None]
+    assert endpoint.send_many(everyone, 1, b"frame") == []
+    for peer_id in live:
+        assert endpoint.channel_snapshot(peer_id, 1)["next_id"] == queued_before[peer_id] + 1
+    half = sorted(live)[::2]
+    endpoint.send_many(half, 1, b"frame")
+    for peer_id in live:
+        assert endpoint.channel_snapshot(peer_id, 1)["next_id"] == (
+            queued_before[peer_id] + 1 + (peer_id in half))
