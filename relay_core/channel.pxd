@@ -5,6 +5,12 @@ from relay_core.fragment cimport MemoryBudget
 from relay_core.wire cimport Record
 
 cdef enum:
+    # ReceiveChannel.on_record: the record's payload is the one message it delivers, left in the
+    # packet for the caller to take (no bytes object made unless the caller needs one).
+    RECORD_IN_PLACE = 1
+
+
+cdef enum:
     MODE_RELIABLE_ORDERED = 0
     MODE_REDUNDANT = 1
     MODE_UNRELIABLE_SEQUENCED = 2

@@ -607,8 +607,9 @@ cdef class ReceiveChannel:
     cdef int on_record(self, Record* r, const uint8_t* packet, list out):
         """Accept one MESSAGE/FRAGMENT record; append deliverable payloads to ``out`` in order.
 
-        Returns 0, or -(DropReason + 1) when the record is refused (the packet is then not acked,
-        so the sender will offer it again).
+        Returns 0; RECORD_IN_PLACE when the record's own payload is the one message it delivers
+        (nothing appended: the caller takes it from ``packet``); or -(DropReason + 1) when the
+        record is refused (the packet is then not acked, so the sender will offer it again).
         """
         return 0
 
@@ -687,10 +688,9 @@ cdef class OrderedReceiveChannel(ReceiveChannel):
         if self.slots is None or distance >= self.slots.size:
             if exempt and r.kind != RK_FRAGMENT:
                 # In order with nothing held: the common case needs no storage.
-                out.append(record_payload(r, packet))
                 self.next_expected += 1
                 self.delivered += 1
-                return 0
+                return RECORD_IN_PLACE
             capacity = INITIAL_RECEIVE_SLOTS if self.slots is None else self.slots.size
             while capacity <= distance:
                 capacity *= 2
@@ -793,18 +793,16 @@ cdef class SequencedReceiveChannel(ReceiveChannel):
             return 0
         self.has_last = True
         self.last_id = r.msg_id
-        out.append(record_payload(r, packet))
         self.delivered += 1
-        return 0
+        return RECORD_IN_PLACE
 
 
 cdef class UnreliableReceiveChannel(ReceiveChannel):
     cdef int on_record(self, Record* r, const uint8_t* packet, list out):
         if r.kind != RK_MESSAGE:
             return -(DROP_BAD_FRAGMENT + 1)
-        out.append(record_payload(r, packet))
         self.delivered += 1
-        return 0
+        return RECORD_IN_PLACE
 
 
 def make_receive_channel(int channel_id, str mode, *, int window, MemoryBudget budget,

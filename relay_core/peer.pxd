@@ -48,6 +48,10 @@ cdef class MessageSink:
     cdef public int channel
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1
     cpdef bint take_bound(self, int peer_id, object context, bytes payload, double now) except -1
+    cdef int take_raw(self, int peer_id, const uint8_t* data, Py_ssize_t length,
+                      double now) except -1
+    cdef int take_bound_raw(self, int peer_id, object context, const uint8_t* data,
+                            Py_ssize_t length, double now) except -1
 
 
 cdef class Peer:
@@ -266,6 +270,8 @@ cdef class Peer:
         cdef SentPacket* packet = &self.sent[seq & (self.sent_size - 1)]
         return packet if packet.tag == seq else NULL
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now)
+    cdef bint _sink_takes_raw(self, MessageSink sink, const uint8_t* data, Py_ssize_t length,
+                              double now)
     cdef void record_received(self, uint16_t seq, uint16_t remote_send_time, double now)
     cdef bint wants_send(self, double now)
     cdef void refill(self, double now)

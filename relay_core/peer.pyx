@@ -27,7 +27,7 @@ from relay_core.outbox cimport Outbox, outbox_commit, outbox_reserve
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.channel cimport (
     SentUnits, SentUnit, units_init, units_release, units_hold, SendChannel, ReceiveChannel,
-    OrderedReceiveChannel, MODE_REDUNDANT,
+    OrderedReceiveChannel, MODE_REDUNDANT, RECORD_IN_PLACE,
 )
 from relay_core.wire cimport (
     DataHeader, Record, read_data_header, write_data_header, parse_record, seq_diff,
@@ -117,6 +117,19 @@ cdef class MessageSink:
 
     cpdef bint take_bound(self, int peer_id, object context, bytes payload, double now) except -1:
         return self.take(peer_id, payload, now)
+
+    cdef int take_raw(self, int peer_id, const uint8_t* data, Py_ssize_t length,
+                      double now) except -1:
+        """``take`` for a message still in the receive buffer (``length`` bytes at ``data``,
+        valid only during the call): 1 taken, 0 not. A Cython sink overrides it to read the
+        message there; by default it is ``take`` of a copy."""
+        return self.take(peer_id, PyBytes_FromStringAndSize(<const char*>data, length), now)
+
+    cdef int take_bound_raw(self, int peer_id, object context, const uint8_t* data,
+                            Py_ssize_t length, double now) except -1:
+        """``take_bound`` for a message still in the receive buffer, as ``take_raw``."""
+        return self.take_bound(peer_id, context, PyBytes_FromStringAndSize(<const char*>data, length),
+                               now)
 
 
 # A packet is also judged lost once the peer acks one this many packets newer (and sent after
@@ -431,7 +444,19 @@ cdef class Peer:
                     status = -(DROP_UNKNOWN_CHANNEL + 1)
                     break
                 rc = self.recv_channel(r.channel).on_record(&r, p, delivered)
-                if delivered:
+                if rc == RECORD_IN_PLACE:
+                    # One message, still in the packet: a sink that takes it there (an INPUT
+                    # parsed in place) spares a bytes object made and freed per message.
+                    rc = 0
+                    sink = self.sink
+                    if sink is None or r.channel != sink.channel or self.events \
+                            or not self._sink_takes_raw(sink, p + r.payload_offset,
+                                                        r.payload_length, now):
+                        self.events.append(MessageReceived(
+                            self.peer_id, r.channel, PyBytes_FromStringAndSize(
+                                <const char*>p + r.payload_offset, r.payload_length)))
+                    self.messages_received += 1
+                elif delivered:
                     sink = self.sink
                     for payload in delivered:
                         if sink is None or r.channel != sink.channel or self.events \
@@ -466,6 +491,15 @@ cdef class Peer:
             if self.sink_context is None:
                 return sink.take(self.peer_id, payload, now)
             return sink.take_bound(self.peer_id, self.sink_context, payload, now)
+        except Exception:
+            return False            # the message goes on as an event; nothing is lost
+
+    cdef bint _sink_takes_raw(self, MessageSink sink, const uint8_t* data, Py_ssize_t length,
+                              double now):
+        try:
+            if self.sink_context is None:
+                return sink.take_raw(self.peer_id, data, length, now) == 1
+            return sink.take_bound_raw(self.peer_id, self.sink_context, data, length, now) == 1
         except Exception:
             return False            # the message goes on as an event; nothing is lost
 

@@ -111,19 +111,27 @@ cdef class InputRouter(MessageSink):
     cpdef bint take_bound(self, int peer_id, object member, bytes payload, double now) except -1:
         if payload is None:
             raise TypeError("payload must be bytes, not None")
-        return self._accept(peer_id, member, payload, now, None) == 1
+        return self._accept(peer_id, member, <const uint8_t*>PyBytes_AS_STRING(payload),
+                            PyBytes_GET_SIZE(payload), now, None) == 1
 
-    cdef int _accept(self, int peer_id, object member, bytes data, double now,
-                     object on_refused) except -1:
-        """1 when ``data`` is a canonical INPUT from a peer in a room (the room has had it),
-        else 0 (it is for the general path). ``member``: the peer's bound room member, or None
-        (the room is looked up). A refusal goes to ``on_refused``, or waits in ``refusals``
-        when that is None."""
-        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef int take_raw(self, int peer_id, const uint8_t* data, Py_ssize_t length,
+                      double now) except -1:
+        return self._accept(peer_id, None, data, length, now, None)
+
+    cdef int take_bound_raw(self, int peer_id, object member, const uint8_t* data,
+                            Py_ssize_t length, double now) except -1:
+        return self._accept(peer_id, member, data, length, now, None)
+
+    cdef int _accept(self, int peer_id, object member, const uint8_t* p, Py_ssize_t size,
+                     double now, object on_refused) except -1:
+        """1 when the ``size`` bytes at ``p`` are a canonical INPUT from a peer in a room (the
+        room has had it), else 0 (it is for the general path). ``member``: the peer's bound
+        room member, or None (the room is looked up). A refusal goes to ``on_refused``, or
+        waits in ``refusals`` when that is None."""
         cdef Py_ssize_t start, length
         cdef int64_t frame = 0, have = 0
         cdef str outcome = None
-        if parse_input(p, PyBytes_GET_SIZE(data), &frame, &start, &length, &have) < 0:
+        if parse_input(p, size, &frame, &start, &length, &have) < 0:
             return 0
         payload = PyBytes_FromStringAndSize(<const char*>p + start, length)
         if member is not None:
@@ -154,7 +162,8 @@ cdef class InputRouter(MessageSink):
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1:
         if payload is None:
             raise TypeError("payload must be bytes, not None")
-        return self._accept(peer_id, None, payload, now, None) == 1
+        return self._accept(peer_id, None, <const uint8_t*>PyBytes_AS_STRING(payload),
+                            PyBytes_GET_SIZE(payload), now, None) == 1
 
     def route(self, endpoint, object on_other, object on_refused, double now):
         """Report the refusals taken since the last call to ``on_refused(peer_id, reason)``,
@@ -170,9 +179,11 @@ cdef class InputRouter(MessageSink):
             event = next_event()
             if event is None:
                 break
-            if (type(event) is MessageReceived and (<int>event.channel) == STREAM_CHANNEL
-                    and type(event.payload) is bytes
-                    and self._accept(event.peer_id, None, event.payload, now, on_refused)):
+            payload = event.payload if type(event) is MessageReceived else None
+            if (payload is not None and (<int>event.channel) == STREAM_CHANNEL
+                    and type(payload) is bytes
+                    and self._accept(event.peer_id, None, <const uint8_t*>PyBytes_AS_STRING(payload),
+                                     PyBytes_GET_SIZE(payload), now, on_refused)):
                 handled += 1
                 continue
             on_other(event, now)
