@@ -855,17 +855,21 @@ cdef class Endpoint:
                 peer.dirty = True
                 peers.append(peer)
         # One pass clears the flags and drops closed peers (removed from self.peers, flushed
-        # through self.closing), asking a few peers ahead for each one's first line.
-        cdef list due = []
-        cdef Py_ssize_t i, count = len(peers)
+        # through self.closing) in place, asking a few peers ahead for each one's first line:
+        # no second list, so no reference taken and dropped per peer.
+        cdef Py_ssize_t i, kept = 0, count = len(peers)
         for i in range(count):
             if i + DUE_PREFETCH_AHEAD < count:
                 relay_prefetch(<void*>peers[i + DUE_PREFETCH_AHEAD])
             peer = <Peer>peers[i]
             peer.dirty = False
             if peer.state < STATE_DISCONNECTING:
-                due.append(peer)
-        return due
+                if kept != i:
+                    peers[kept] = peer
+                kept += 1
+        if kept != count:
+            del peers[kept:]
+        return peers
 
     cdef void _schedule(self, Peer peer):
         self._schedule_at(peer, peer.next_deadline())
