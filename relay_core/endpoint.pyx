@@ -254,6 +254,13 @@ cdef inline bytes as_datagram(object data):
     raise TypeError(f"data must be bytes or a buffer, not {type(data).__name__}")
 
 
+cdef inline bint stays_past_hole(Py_ssize_t home, Py_ssize_t i, Py_ssize_t j) noexcept:
+    """Backward-shift deletion in a linear-probing table (the address and id indexes): the
+    entry at j, whose home slot is ``home``, stays if its home lies cyclically in (i, j], as the
+    hole at i is then not on its probe path; otherwise it moves into the hole."""
+    return (home <= j and (home > i or i > j)) or (home > j and home > i and i > j)
+
+
 cdef class Endpoint:
     # Fields and C-level methods are declared in endpoint.pxd.
 
@@ -677,9 +684,7 @@ cdef class Endpoint:
             if self.address_slots[j].key == 0:
                 break
             home = <Py_ssize_t>(self.address_slots[j].key & <uint64_t>mask)
-            # The entry at j stays if its home lies cyclically in (i, j]: the hole at i is not
-            # on its probe path.
-            if (home <= j and (home > i or i > j)) or (home > j and home > i and i > j):
+            if stays_past_hole(home, i, j):
                 continue
             self.address_slots[i] = self.address_slots[j]
             i = j
@@ -744,7 +749,7 @@ cdef class Endpoint:
             if self.id_slots[j] == NULL:
                 break
             home = (<Peer>self.id_slots[j]).peer_id & mask
-            if (home <= j and (home > i or i > j)) or (home > j and home > i and i > j):
+            if stays_past_hole(home, i, j):
                 continue
             self.id_slots[i] = self.id_slots[j]
             i = j
