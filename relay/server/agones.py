@@ -855,7 +855,9 @@ class AgonesClient:
         while True:
             if not self._seed_done:
                 await self._seed()
-            ok, _retry, text = await self._request("POST", "/ready", {})
+            # Ready only once the GameServer was read: a sidecar that came up between a failed
+            # read and a Ready would otherwise leave the Counter never seeded.
+            ok = self._seed_done and (await self._request("POST", "/ready", {}))[0]
             self._first_ready_attempt.set()
             if ok:
                 self.ready_sent = True

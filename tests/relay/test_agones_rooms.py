@@ -319,6 +319,29 @@ def test_earlier_allocations_are_not_ours_and_a_left_count_is_reset():
     asyncio.run(main())
 
 
+def test_ready_waits_until_the_gameserver_was_read_so_the_counter_is_seeded():
+    async def main():
+        # A sidecar whose GameServer read fails while Ready would succeed (one that comes up
+        # between the two requests): Ready before the read would leave the Counter unseeded.
+        sidecar = SidecarStandIn(counters={"rooms": (5, 1000)})       # a count left behind
+        sidecar.fail["/gameserver"] = 3
+        await sidecar.start()
+        client = AgonesClient(settings(sidecar.port), log=RecordingLog())
+        client.set_room_slots(8)
+        await client.start()
+        await eventually(lambda: client.ready_sent)
+        ready_at = next(i for i, call in enumerate(sidecar.calls) if call[2] == "/ready")
+        reads = [i for i, call in enumerate(sidecar.calls)
+                 if call[1] == "GET" and call[2] == "/gameserver"]
+        assert len(reads) == 4 and reads[-1] < ready_at       # three refused, then read
+        await eventually(lambda: sidecar.counters["rooms"] == {"count": 0, "capacity": 8})
+        assert "agones_counter_reset" in client.log.events("warning")
+        await client.stop()
+        await sidecar.stop()
+
+    asyncio.run(main())
+
+
 def test_rooms_held_before_the_sidecar_answers_are_counted_once_it_does():
     from test_agones import free_port
 
@@ -336,8 +359,10 @@ def test_rooms_held_before_the_sidecar_answers_are_counted_once_it_does():
         assert len(client._counter_ops) == 0              # nothing piles up meanwhile
         sidecar = SidecarStandIn(counters={"rooms": (5, 1000)})    # a count left behind
         await sidecar.start(port)
-        await eventually(lambda: sidecar.state == "Allocated")    # it holds rooms
-        assert sidecar.counters["rooms"] == {"count": 2, "capacity": 8}
+        # It holds rooms. The state and the counter are separate requests, each retried on
+        # its own backoff after the failures above: either may land first.
+        await eventually(lambda: sidecar.state == "Allocated"
+                         and sidecar.counters["rooms"] == {"count": 2, "capacity": 8}, timeout=5.0)
         client.room_state("a", "ended", 0)
         client.room_state("b", "ended", 0)
         await eventually(lambda: count(sidecar) == 0 and sidecar.state == "Ready")
