@@ -24,6 +24,7 @@ extensions = [
 # (the .pxd gives the C types).
 PURE_PYTHON_MODE = [
     Extension("relay.server.room", ["relay/server/room.py"], extra_compile_args=["-O2"]),
+    Extension("relay.server.history", ["relay/server/history.py"], extra_compile_args=["-O2"]),
 ]
 
 setup(
