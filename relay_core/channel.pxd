@@ -133,6 +133,11 @@ cdef class ReliableSendChannel(SendChannel):
     cdef int max_resends
     cdef double rto_limit
     cdef double earliest_deadline
+    # Set when an ack retired the message that may have held earliest_deadline: next_deadline
+    # finds the true earliest among the rest before answering. Left stale, an acked message's
+    # RTO woke the server once per message (a lockstep frame: once per player and tick) to find
+    # nothing due.
+    cdef bint deadline_stale
     # The stream: when the latest new message was first sent, and the smoothed time between
     # datagrams that carried new ones (redundant channels: where an RTO resend can ride).
     cdef bint rides_stream

@@ -417,6 +417,8 @@ cdef class ReliableSendChannel(SendChannel):
             self.fragment_acks[slot] = None
         while self.oldest != self.next_id and self.held(self.oldest) == NULL:
             self.oldest += 1
+        if m.first_sent >= 0.0 and m.deadline <= self.earliest_deadline:
+            self.deadline_stale = True
 
     cdef void expire(self, double now, bint lateness_likely):
         """RTO expiry: mark due messages for resend, back their RTO off by 1.5, flag failure.
@@ -465,8 +467,22 @@ cdef class ReliableSendChannel(SendChannel):
                     earliest = m.deadline
             msg_id += 1
         self.earliest_deadline = earliest
+        self.deadline_stale = False
 
     cdef double next_deadline(self):
+        cdef uint16_t msg_id
+        cdef OutMessage* m
+        cdef double earliest = -1.0
+        if self.deadline_stale:
+            # The earliest RTO among the messages still in flight (expire's bookkeeping).
+            msg_id = self.oldest
+            while msg_id != self.next_id:
+                m = self.held(msg_id)
+                if m != NULL and m.first_sent >= 0.0 and (earliest < 0.0 or m.deadline < earliest):
+                    earliest = m.deadline
+                msg_id += 1
+            self.earliest_deadline = earliest
+            self.deadline_stale = False
         return self.earliest_deadline
 
     def snapshot(self):

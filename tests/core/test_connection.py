@@ -267,6 +267,55 @@ def test_only_peers_with_work_due_are_flushed_and_next_timeout_tracks_the_earlie
     assert len({to for _, to in sent}) == 5
 
 
+def test_a_lockstep_server_is_woken_only_by_its_ticks():
+    """Every tick each player's input (acking the last frame) arrives and its frame goes out.
+    Nothing is ever due between ticks: an acked frame's RTO must not wake the endpoint
+    (ReliableSendChannel.next_deadline finds the true earliest after an ack), and a player's
+    deadline that each visit moves later must not either (Endpoint._schedule_at keeps one
+    entry and next_timeout moves it). Each tick sends one datagram per player."""
+    interval = 1 / 30
+    server = Endpoint(EndpointConfig(accept_connections=True, seed=1, ack_delay=interval))
+    clients = [Endpoint(EndpointConfig(seed=20 + i, ack_delay=interval)) for i in range(8)]
+    addresses = [("10.9.0.%d" % i, 1) for i in range(8)]
+    where = {address: i for i, address in enumerate(addresses)}
+    for client in clients:
+        client.connect(SERVER, 0.0)
+    now = 0.0
+
+    def deliver(sent):
+        for datagram, to in sent:
+            clients[where[to]].receive(datagram, SERVER, now)
+
+    for _ in range(20):
+        now += 0.01
+        for i, client in enumerate(clients):
+            for datagram, _ in client.datagrams_to_send(now):
+                server.receive(datagram, addresses[i], now)
+        deliver(server.datagrams_to_send(now))
+    assert server.peer_count == 8
+    peer_ids = server.peer_ids
+    tick_at = now
+    wakeups = 0
+    for tick in range(300):
+        tick_at += interval
+        while (wake := server.next_timeout()) is not None and wake < tick_at:
+            now = max(now, wake)
+            server.handle_timeout(now)
+            deliver(server.datagrams_to_send(now))
+            wakeups += 1
+        now = tick_at
+        for i, client in enumerate(clients):         # each player's input for this tick
+            client.send(client.peer_ids[0], 0, b"input %d" % tick)
+            for datagram, _ in client.datagrams_to_send(now):
+                server.receive(datagram, addresses[i], now)
+        deliver(server.datagrams_to_send(now))
+        server.send_many(peer_ids, 0, b"frame %d" % tick)
+        sent = server.datagrams_to_send(now)
+        assert sorted(to for _, to in sent) == sorted(addresses)
+        deliver(sent)
+    assert wakeups == 0
+
+
 def test_closing_most_peers_leaves_the_others_timers_intact():
     """The flush schedule borrows its peers: closing them (enough at once that their entries
     are swept out of it) must leave every other peer's timer in place, and the closed ones
