@@ -47,12 +47,10 @@ cdef class Endpoint:
     # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
     # idle peers then pays nothing per call for them.
     cdef list dirty                     # Peers, each once (its dirty flag says it is here)
-    # A binary min-heap of (deadline, peer, generation) in C, one live entry per peer with a
-    # deadline. A visit that moves the deadline earlier pushes a new entry (the old one is
-    # superseded: its generation is no longer the peer's, and it is dropped when it surfaces);
-    # one that moves it later leaves the entry, which next_timeout moves to the peer's
-    # scheduled_deadline when it reaches the top. A closed peer's entries are dropped as they
-    # surface; ``retired`` keeps the peer alive until then (_retire).
+    # A binary min-heap of (deadline, peer, generation) in C: pushed on every visit, so a
+    # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
+    # whose generation is no longer the peer's are superseded and dropped when they surface;
+    # so are a closed peer's, which ``retired`` keeps alive until then (_retire).
     cdef DueEntry* due_heap
     cdef Py_ssize_t due_count
     cdef Py_ssize_t due_capacity

@@ -830,15 +830,9 @@ cdef class Endpoint:
             return 0.0
         while self.due_count:
             peer = <Peer>self.due_heap[0].peer
-            if peer.removed or peer.schedule_generation != self.due_heap[0].generation:
-                self._due_pop()                 # superseded, or the peer is gone
-            elif self.due_heap[0].deadline < peer.scheduled_deadline:
-                # Kept by _schedule_at while the peer's deadline moved later: move it there.
-                self._due_pop()
-                peer.queued_deadline = -1.0
-                self._schedule_at(peer, peer.scheduled_deadline)
-            else:
+            if not peer.removed and peer.schedule_generation == self.due_heap[0].generation:
                 return self.due_heap[0].deadline
+            self._due_pop()                     # superseded, or the peer is gone
         return None
 
     cdef list _due_peers(self, double now):
@@ -892,14 +886,10 @@ cdef class Endpoint:
             # Nothing is due (a live entry's visit, early at worst, reschedules it), or the live
             # entry is for this very time.
             return
-        if 0.0 <= peer.queued_deadline < deadline:
-            # The live entry comes first and stays: when it reaches the top, next_timeout moves
-            # it to scheduled_deadline, so the loop never wakes for it early. Every tick visits
-            # every player (its input, its frame) and moves its deadline later; a push each
-            # time left two superseded entries per player per tick, each a sift to drop.
-            return
-        # A live entry for a later time is superseded by this earlier one, and dropped when it
-        # surfaces (next_timeout, _due_peers) or swept once such entries are many.
+        # A live entry for an earlier time is superseded: left in place, it would wake the loop
+        # between ticks to revisit, cold, every peer whose RTO an ack retired since its flush.
+        # Superseded entries are dropped as they surface (next_timeout, right after the flush
+        # that superseded them), or swept once they are many.
         peer.schedule_generation += 1
         peer.queued_deadline = deadline
         self._due_push(deadline, peer)
