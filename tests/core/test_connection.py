@@ -271,8 +271,8 @@ def test_a_lockstep_server_is_woken_only_by_its_ticks():
     """Every tick each player's input (acking the last frame) arrives and its frame goes out.
     Nothing is ever due between ticks: an acked frame's RTO must not wake the endpoint
     (ReliableSendChannel.next_deadline finds the true earliest after an ack), and a player's
-    deadline that each visit moves later must not either (Endpoint._schedule_at keeps one
-    entry and next_timeout moves it). Each tick sends one datagram per player."""
+    deadline that each visit moves later must not either (the visit supersedes its schedule
+    entry). Each tick sends one datagram per player."""
     interval = 1 / 30
     server = Endpoint(EndpointConfig(accept_connections=True, seed=1, ack_delay=interval))
     clients = [Endpoint(EndpointConfig(seed=20 + i, ack_delay=interval)) for i in range(8)]
