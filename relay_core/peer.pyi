@@ -9,8 +9,6 @@ from relay_core.fragment import MemoryBudget
 from relay_core.token import ConnectToken, TokenClaims
 
 DISCONNECT_COPIES: int
-IP_UDP_OVERHEAD: int
-LOSS_ALPHA: float
 STATE_NAMES: tuple[str, ...]
 TRIGGER_NAMES: tuple[str, ...]
 TRANSITIONS: Mapping[tuple[int, int], int]

@@ -69,9 +69,9 @@ def _trigger_name(int trigger):
 # Copies of a DISCONNECT sent back to back: it is not acked, so one lost copy must not matter.
 DISCONNECT_COPIES = 3
 # Bytes the IP and UDP headers add to every datagram; counted against the pacing budget.
-IP_UDP_OVERHEAD = 28
+cdef int IP_UDP_OVERHEAD = 28
 # Weight of one packet in the loss EWMA.
-LOSS_ALPHA = 0.05
+cdef double LOSS_ALPHA = 0.05
 # An ack names the newest packet and the 31 before it, so at most this many packets can be in
 # flight and still be acked. Past it a peer sends at most ACK_WINDOW packets per smoothed RTT
 # (a burst waits for acks; a steady stream on a very slow path is paced, and its small messages
