@@ -21,8 +21,9 @@ cdef struct AddressSlot:
 cdef struct DueEntry:
     double deadline
     int peer_id                         # ties broken by peer id, so the order is reproducible
-    void* peer                          # borrowed from peers, or from retired once it is closed
-    unsigned long long generation       # the peer's schedule_generation when it was pushed
+    uint32_t cell                       # the peer's schedule cell
+    void* peer                          # borrowed: read only while the entry is live
+    uint64_t generation                 # live while its cell's generation is still this
 
 
 cdef class Endpoint:
@@ -47,14 +48,20 @@ cdef class Endpoint:
     # (a datagram, a send) and the ones whose scheduled deadline has come. A server with many
     # idle peers then pays nothing per call for them.
     cdef list dirty                     # Peers, each once (its dirty flag says it is here)
-    # A binary min-heap of (deadline, peer, generation) in C: pushed on every visit, so a
-    # heap of Python tuples cost a tuple and its comparisons per player per tick. Entries
-    # whose generation is no longer the peer's are superseded and dropped when they surface;
-    # so are a closed peer's, which ``retired`` keeps alive until then (_retire).
+    # A binary min-heap of (deadline, peer, cell, generation) in C: pushed on every visit, so
+    # a heap of Python tuples cost a tuple and its comparisons per player per tick. Each peer
+    # owns a cell, a generation counter in one compact array, bumped when the peer's entry is
+    # superseded or the peer leaves: an entry whose generation its cell no longer holds is
+    # dropped when it surfaces, judged without reading the (cold) peer it names.
     cdef DueEntry* due_heap
     cdef Py_ssize_t due_count
     cdef Py_ssize_t due_capacity
-    cdef list retired
+    cdef uint64_t* cell_generations
+    cdef uint32_t* free_cells           # cells of peers that left, for the next peers
+    cdef Py_ssize_t cell_count          # cells handed out (live or free)
+    cdef Py_ssize_t cell_capacity
+    cdef Py_ssize_t free_cell_count
+    cdef Py_ssize_t left_since_sweep    # peers that left since the heap was last swept
     cdef list control_out              # handshake replies waiting for datagrams_to_send
     cdef object events
     cdef MessageSink message_sink      # None, or every peer's sink (set_message_sink)
@@ -142,6 +149,7 @@ cdef class Endpoint:
     cdef void _schedule(self, Peer peer)
     cdef void _schedule_at(self, Peer peer, double deadline)
     cdef int _due_push(self, double deadline, Peer peer) except -1
+    cdef Py_ssize_t _take_cell(self) except -1
     cdef void _retire(self, Peer peer)
     cdef void _sweep_heap(self)
     cdef void _due_sift_down(self, Py_ssize_t i) noexcept

@@ -285,7 +285,6 @@ cdef class Endpoint:
         self.sessions = {}
         self.closing = []
         self.dirty = []
-        self.retired = []
         self.control_out = []
         self.events = deque()
         self.refusal_counts = {}
@@ -363,6 +362,8 @@ cdef class Endpoint:
         PyMem_Free(self.known_sessions)
         PyMem_Free(self.rate_slots)
         PyMem_Free(self.due_heap)
+        PyMem_Free(self.cell_generations)
+        PyMem_Free(self.free_cells)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -829,8 +830,7 @@ cdef class Endpoint:
         if self.control_out or self.closing or self.dirty:
             return 0.0
         while self.due_count:
-            peer = <Peer>self.due_heap[0].peer
-            if not peer.removed and peer.schedule_generation == self.due_heap[0].generation:
+            if self.cell_generations[self.due_heap[0].cell] == self.due_heap[0].generation:
                 return self.due_heap[0].deadline
             self._due_pop()                     # superseded, or the peer is gone
         return None
@@ -846,9 +846,9 @@ cdef class Endpoint:
         self.dirty = []
         while self.due_count and self.due_heap[0].deadline <= now:
             entry = self._due_pop()
+            if self.cell_generations[entry.cell] != entry.generation:
+                continue                        # superseded, or the peer is gone
             peer = <Peer>entry.peer
-            if peer.removed or peer.schedule_generation != entry.generation:
-                continue                        # superseded by an earlier one, or the peer is gone
             peer.queued_deadline = -1.0
             if not peer.dirty:
                 deadline = peer.next_deadline()
@@ -890,7 +890,9 @@ cdef class Endpoint:
         # between ticks to revisit, cold, every peer whose RTO an ack retired since its flush.
         # Superseded entries are dropped as they surface (next_timeout, right after the flush
         # that superseded them), or swept once they are many.
-        peer.schedule_generation += 1
+        if peer.schedule_cell < 0:
+            peer.schedule_cell = self._take_cell()
+        self.cell_generations[peer.schedule_cell] += 1
         peer.queued_deadline = deadline
         self._due_push(deadline, peer)
         if self.due_count > 2 * len(self.peers) + 1024:
@@ -910,7 +912,8 @@ cdef class Endpoint:
         entry.deadline = deadline
         entry.peer_id = peer.peer_id
         entry.peer = <void*>peer
-        entry.generation = peer.schedule_generation
+        entry.cell = <uint32_t>peer.schedule_cell
+        entry.generation = self.cell_generations[peer.schedule_cell]
         i = self.due_count
         self.due_count += 1
         while i > 0:
@@ -922,29 +925,56 @@ cdef class Endpoint:
         self.due_heap[i] = entry
         return 0
 
+    cdef Py_ssize_t _take_cell(self) except -1:
+        """A schedule cell for a peer: one a departed peer left, or a new one. A cell's
+        generation only grows, so no entry of its former peer is ever live again."""
+        cdef Py_ssize_t capacity
+        cdef uint64_t* generations
+        cdef uint32_t* free_cells
+        if self.free_cell_count:
+            self.free_cell_count -= 1
+            return self.free_cells[self.free_cell_count]
+        if self.cell_count == self.cell_capacity:
+            capacity = max(256, 2 * self.cell_capacity)
+            generations = <uint64_t*>PyMem_Realloc(self.cell_generations, capacity * sizeof(uint64_t))
+            if generations == NULL:
+                raise MemoryError()
+            self.cell_generations = generations
+            free_cells = <uint32_t*>PyMem_Realloc(self.free_cells, capacity * sizeof(uint32_t))
+            if free_cells == NULL:
+                raise MemoryError()
+            self.free_cells = free_cells
+            self.cell_capacity = capacity
+        self.cell_generations[self.cell_count] = 0
+        self.cell_count += 1
+        return self.cell_count - 1
+
     cdef void _retire(self, Peer peer):
-        """A peer leaves ``peers``: the heap's entries for it are void, and ``retired`` keeps it
-        alive while they are there (they borrow it). Once closed peers are a good share of the
-        heap, their entries go at once and ``retired`` is emptied."""
+        """A peer leaves ``peers``: its heap entries are void from now on (its cell moves on a
+        generation and goes to the next peer). Once departed peers are a good share of the
+        heap, their entries go at once."""
         peer.removed = True
         peer.sink_context = None        # it delivers nothing more; its context may be large
-        self.retired.append(peer)
-        if len(self.retired) >= 64 + self.due_count // 8:
-            self._sweep_heap()
+        if peer.schedule_cell >= 0:
+            self.cell_generations[peer.schedule_cell] += 1
+            self.free_cells[self.free_cell_count] = <uint32_t>peer.schedule_cell
+            self.free_cell_count += 1
+            peer.schedule_cell = -1
+            self.left_since_sweep += 1
+            if self.left_since_sweep >= 64 + self.due_count // 8:
+                self._sweep_heap()
 
     cdef void _sweep_heap(self):
-        """Keep only the live entries (a peer's current one), and let go of the closed peers."""
+        """Keep only the live entries (a present peer's current one)."""
         cdef Py_ssize_t i, kept = 0
-        cdef Peer peer
         for i in range(self.due_count):
-            peer = <Peer>self.due_heap[i].peer
-            if not peer.removed and peer.schedule_generation == self.due_heap[i].generation:
+            if self.cell_generations[self.due_heap[i].cell] == self.due_heap[i].generation:
                 self.due_heap[kept] = self.due_heap[i]
                 kept += 1
         self.due_count = kept
         for i in range(kept // 2 - 1, -1, -1):
             self._due_sift_down(i)
-        self.retired = []
+        self.left_since_sweep = 0
 
     cdef void _due_sift_down(self, Py_ssize_t i) noexcept:
         cdef DueEntry entry = self.due_heap[i]
@@ -1095,6 +1125,13 @@ cdef class Endpoint:
     @property
     def peer_ids(self):
         return list(self.peers)
+
+    @property
+    def schedule_sizes(self):
+        """The flush schedule's size: heap entries (live or superseded), schedule cells handed
+        out, and the free ones among them (left by departed peers, for the next ones)."""
+        return {"entries": self.due_count, "cells": self.cell_count,
+                "free_cells": self.free_cell_count}
 
     @property
     def peer_count(self):

@@ -61,7 +61,7 @@ cdef class Peer:
     cdef readonly int peer_id
     cdef readonly int state
     cdef bint dirty                         # in the endpoint's list of peers to flush
-    cdef bint removed                       # out of the endpoint's peers: its heap entries are void
+    cdef bint removed                       # out of the endpoint's peers
     cdef bint sealed                        # DATA, DISCONNECT and PATH packets sealed (token mode)
     # False: neither block_in nor block_out has anything to do, so the per-packet paths need not
     # look at them. Set when a slice arrives or a block is queued (the only ways either gets
@@ -74,7 +74,7 @@ cdef class Peer:
     cdef int channel_count
     cdef readonly uint32_t session_id
     cdef uint64_t address_key
-    cdef public unsigned long long schedule_generation   # which entry of the endpoint's heap is current
+    cdef Py_ssize_t schedule_cell           # its cell in the endpoint's schedule (-1: none yet)
     cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
     cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
 

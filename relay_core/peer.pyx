@@ -143,6 +143,7 @@ cdef class Peer:
         cdef int n, i
         self.peer_id = peer_id
         self.queued_deadline = -1.0
+        self.schedule_cell = -1
         # Sizes are fixed when the channels are built, before a client knows whether the server
         # will encrypt: a client with a token always keeps room for the tag.
         self.reserve = reserve

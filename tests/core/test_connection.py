@@ -316,6 +316,65 @@ def test_a_lockstep_server_is_woken_only_by_its_ticks():
     assert wakeups == 0
 
 
+def test_departed_peers_cells_go_to_new_peers_and_their_entries_never_answer_next_timeout():
+    """Peers come and go in waves. A departed peer's schedule entries stay in the heap, judged
+    void by its cell's generation alone: next_timeout skips them even when they are the
+    earliest (an unacked message's RTO), and the cell goes to a later peer, whose schedule
+    then works as anyone's."""
+    server = Endpoint(EndpointConfig(accept_connections=True, seed=3, heartbeat_interval=0.5))
+    now = 0.0
+    clients: dict = {}                      # address -> client Endpoint
+    serial = 0
+
+    def exchange():
+        for address, client in clients.items():
+            for datagram, _ in client.datagrams_to_send(now):
+                server.receive(datagram, address, now)
+        sent = server.datagrams_to_send(now)
+        for datagram, to in sent:
+            clients[to].receive(datagram, SERVER, now)
+        return sent
+
+    def run(seconds):
+        nonlocal now
+        heard = set()
+        for _ in range(round(seconds / 0.01)):
+            now += 0.01
+            heard |= {to for _, to in exchange()}
+        return heard
+
+    def join(count):
+        nonlocal serial
+        for _ in range(count):
+            serial += 1
+            client = Endpoint(EndpointConfig(seed=100 + serial))
+            client.connect(SERVER, now)
+            clients[("10.6.%d.%d" % (serial // 200, serial % 200), 1)] = client
+
+    join(30)
+    run(0.2)
+    assert server.peer_count == 30 and server.schedule_sizes["cells"] == 30
+    for wave in range(3):
+        earliest_kept = server.next_timeout()       # every peer idle: a heartbeat
+        assert earliest_kept > now + 0.05
+        leaving = server.peer_ids[:12]
+        for peer_id in leaving:                     # an RTO each, far before any heartbeat...
+            server.send(peer_id, 0, b"never acked")
+        assert len(server.datagrams_to_send(now)) == 12
+        for peer_id in leaving:                     # ... and gone
+            del clients[server.peer_address(peer_id)]
+            assert server.disconnect(peer_id)
+        server.datagrams_to_send(now)               # the DISCONNECTs
+        assert server.peer_count == 18 and server.schedule_sizes["free_cells"] == 12
+        assert server.next_timeout() == earliest_kept, f"wave {wave}"
+        join(12)
+        heard = run(1.2)
+        assert server.peer_count == 30
+        assert server.schedule_sizes["cells"] == 30 and server.schedule_sizes["free_cells"] == 0
+        assert heard == set(clients), f"wave {wave}: {len(set(clients) - heard)} peers unheard"
+        assert server.schedule_sizes["entries"] <= 2 * 30 + 1024
+
+
 def test_closing_most_peers_leaves_the_others_timers_intact():
     """The flush schedule borrows its peers: closing them (enough at once that their entries
     are swept out of it) must leave every other peer's timer in place, and the closed ones

@@ -127,8 +127,9 @@ def test_peers_that_connect_later_use_the_sink_too():
 
 
 def test_a_closed_peer_lets_go_of_its_bound_context_at_once():
-    """The flush schedule keeps a closed peer object a while (Endpoint.retired); what the sink
-    bound to it (a server's room member, and through it the room) is not kept with it."""
+    """Whatever may still hold a closed peer object a while (the endpoint's closing list until
+    its DISCONNECTs are flushed), what the sink bound to it (a server's room member, and through
+    it the room) is not kept with it."""
     import gc
     import weakref
 
