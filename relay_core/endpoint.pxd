@@ -138,6 +138,8 @@ cdef class Endpoint:
     cdef void prefetch_slot(self, const void* address) noexcept
     cdef void prefetch_sender(self, const void* address, int level) noexcept
     cdef Peer _indexed(self, uint64_t key)
+    cdef void* _indexed_borrowed(self, uint64_t key) noexcept
+    cdef void _prefetch_recipients(self, list peer_ids, int channel)
     cdef int _id_index(self, Peer peer) except -1
     cdef int _grow_id_index(self) except -1
     cdef void _id_unindex(self, Peer peer) noexcept

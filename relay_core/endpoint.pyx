@@ -34,10 +34,10 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 from relay_core.channel cimport SendChannel
 from relay_core.fragment cimport MemoryBudget
-from relay_core.prefetch cimport relay_prefetch
+from relay_core.prefetch cimport prefetch_lines, relay_prefetch
 from relay_core.redundancy cimport LINK_MODES
 from relay_core.peer cimport (
-    MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING, TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
+    CHANNEL_HOT_BYTES, INLINE_CHANNELS, MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING, TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
     TRIGGER_DISCONNECT,
 )
 from relay_core.wire cimport (
@@ -108,6 +108,8 @@ cdef enum:
     # far ahead the receive path asks for a datagram's address-index slot (then, one datagram
     # ahead, for its peer).
     DUE_PREFETCH_AHEAD = 4
+    # send_many asks for all its peers first when they are at most this many (a room).
+    SEND_MANY_PREFETCH = 64
 
 
 cdef uint64_t raw_address_key(const void* address) noexcept nogil:
@@ -429,6 +431,8 @@ cdef class Endpoint:
         cdef bint unreliable = self.unreliable_channels[channel]
         if size > largest:
             raise ValueError(f"message of {size} bytes on channel {channel} {advice} ({largest} bytes)")
+        if type(peer_ids) is list and len(<list>peer_ids) <= SEND_MANY_PREFETCH:
+            self._prefetch_recipients(<list>peer_ids, channel)
         for peer_id in peer_ids:
             try:
                 peer = self._by_id(peer_id)
@@ -445,6 +449,33 @@ cdef class Endpoint:
             if not sender.queue(payload) and peer.state == STATE_CONNECTED:
                 refused.append(peer_id)
         return refused
+
+    cdef void _prefetch_recipients(self, list peer_ids, int channel):
+        """Every peer of a room is cold when its frame is queued: ask for all of them before the
+        first is touched, so their waits for memory overlap instead of adding up -- first each
+        peer's lines, then (once they are there) its channel's. The peers found are borrowed
+        from the id index and only read; an id that is not a C int is left to send_many."""
+        cdef Py_ssize_t i, count = len(peer_ids)
+        cdef void* found
+        cdef void* probable[SEND_MANY_PREFETCH]
+        cdef int ids[SEND_MANY_PREFETCH]
+        cdef object item
+        for i in range(count):
+            probable[i] = NULL
+            item = peer_ids[i]
+            if type(item) is int and -0x80000000 <= item <= 0x7FFFFFFF:
+                ids[i] = item
+                found = self.id_slots[ids[i] & self.id_mask]
+                if found != NULL:
+                    (<Peer>found).prefetch()
+                    probable[i] = found
+        if channel >= INLINE_CHANNELS:
+            return
+        for i in range(count):
+            found = probable[i]
+            if (found != NULL and (<Peer>found).peer_id == ids[i]
+                    and channel < (<Peer>found).channel_count):
+                prefetch_lines((<Peer>found).channel_at[2 * channel], CHANNEL_HOT_BYTES)
 
     def send_block(self, int peer_id, bytes data):
         """Queue a large payload for block transfer; False if the peer is gone or too many
@@ -644,27 +675,34 @@ cdef class Endpoint:
     cdef void prefetch_sender(self, const void* address, int level) noexcept:
         """Ask for the memory of the connected peer at ``address``, if any, one level at a time,
         each after the one before had time to arrive (the first after ``prefetch_slot``): 0 its
-        hot lines, 1 what its fields point to, 2 its send windows' slots."""
-        cdef Peer peer = self._indexed(raw_address_key(address))
-        if peer is None:
+        hot lines, 1 what its fields point to, 2 its send windows' slots. The peer is borrowed
+        from the index, not referenced: a reference would write the peer's first line, a wait
+        for memory at the very stage meant to ask for it."""
+        cdef void* peer = self._indexed_borrowed(raw_address_key(address))
+        if peer == NULL:
             return
         if level == 0:
-            peer.prefetch()
+            (<Peer>peer).prefetch()
         elif level == 1:
-            peer.prefetch_state()
+            (<Peer>peer).prefetch_state()
         else:
-            peer.prefetch_windows()
+            (<Peer>peer).prefetch_windows()
 
     cdef Peer _indexed(self, uint64_t key):
         """The indexed peer with this key, or None."""
+        cdef void* peer = self._indexed_borrowed(key)
+        return None if peer == NULL else <Peer>peer
+
+    cdef void* _indexed_borrowed(self, uint64_t key) noexcept:
+        """The indexed peer with this key (borrowed: peers_by_address holds it), or NULL."""
         cdef Py_ssize_t i = <Py_ssize_t>(key & <uint64_t>self.address_mask)
         if key == 0:
-            return None
+            return NULL
         while self.address_slots[i].key != 0:
             if self.address_slots[i].key == key:
-                return <Peer>self.address_slots[i].peer
+                return self.address_slots[i].peer
             i = (i + 1) & self.address_mask
-        return None
+        return NULL
 
     cdef void _unindex(self, Peer peer) noexcept:
         """Take the peer out of the address index (if it is in it), shifting back the entries

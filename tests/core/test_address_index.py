@@ -90,3 +90,11 @@ def test_send_many_finds_every_live_peer_by_id_through_connects_and_closes():
     for peer_id in live:
         assert endpoint.channel_snapshot(peer_id, 1)["next_id"] == (
             queued_before[peer_id] + 1 + (peer_id in half))
+    # Room-sized lists (send_many asks for all their peers first), strange ids among them.
+    queued_before = {p: endpoint.channel_snapshot(p, 1)["next_id"] for p in live}
+    shuffled = everyone + [2**31, -2**31 - 1]
+    rng.shuffle(shuffled)
+    for start in range(0, len(shuffled), 8):
+        assert endpoint.send_many(shuffled[start:start + 8], 1, b"frame") == []
+    for peer_id in live:
+        assert endpoint.channel_snapshot(peer_id, 1)["next_id"] == queued_before[peer_id] + 1
