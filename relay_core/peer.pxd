@@ -89,6 +89,7 @@ cdef class Peer:
     cdef uint32_t received_bits
     cdef uint32_t stamp
     cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
+    cdef uint64_t data_sent             # bit i: our packet next_seq - 1 - i is a DATA packet
     cdef double latest_received_at
     cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
     cdef int sent_size                  # sent_packet_buffer (a power of two)
@@ -251,6 +252,7 @@ cdef class Peer:
             relay_prefetch(self.channel_at[2 * i + 1])
         # The newest sent packet (what the next ack most likely names) and the next one's slot.
         relay_prefetch(&self.sent[<uint16_t>(self.next_seq - 1) & (self.sent_size - 1)])
+        relay_prefetch(&self.sent[<uint16_t>(self.next_seq - 2) & (self.sent_size - 1)])
         relay_prefetch(&self.sent[self.next_seq & (self.sent_size - 1)])
         if self.sink_context is not None:
             prefetch_lines(<void*>self.sink_context, SINK_CONTEXT_HOT_BYTES)

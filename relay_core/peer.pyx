@@ -327,6 +327,7 @@ cdef class Peer:
         self.send_counter += 1
         self.next_seq += 1
         self.in_flight <<= 1                # a seq no DATA packet of ours carries
+        self.data_sent <<= 1
         return packet
 
     cdef object open_control(self, const SessionPacket* packet, bytes datagram, int packet_type):
@@ -527,6 +528,7 @@ cdef class Peer:
 
     cdef void process_acks(self, DataHeader* h, double now):
         cdef int i, behind
+        cdef bint judged, acked
         cdef uint64_t newly
         cdef double sample
         cdef SentPacket* packet
@@ -558,13 +560,22 @@ cdef class Peer:
                 link_rtt(&self.link, sample, self.rtt.srtt, now)
             if self.adaptive:
                 self.detect_gaps(h.ack, now)
-        # Packets 32 or more behind the newest ack can never be acked again: count them.
+        # Packets 32 or more behind the newest ack can never be acked again: count them. Those
+        # of the last 64 (all of them, acking every datagram; sent_packet_buffer >= 64 holds
+        # them still) are judged by the bit masks, with no read of their cold SentPacket slots.
         if seq_diff(h.ack, self.loss_cursor) > self.sent_size + 32:
             self.loss_cursor = <uint16_t>(h.ack - self.sent_size - 32)
         while seq_diff(h.ack, self.loss_cursor) >= 32 and seq_diff(self.next_seq, self.loss_cursor) > 0:
-            packet = self.sent_packet(self.loss_cursor)
-            if packet != NULL:
-                if packet.acked:
+            behind = seq_diff(<uint16_t>(self.next_seq - 1), self.loss_cursor)
+            if behind < 64:
+                judged = (self.data_sent >> behind) & 1
+                acked = not ((self.in_flight >> behind) & 1)
+            else:
+                packet = self.sent_packet(self.loss_cursor)
+                judged = packet != NULL
+                acked = judged and packet.acked
+            if judged:
+                if acked:
                     self.loss -= LOSS_ALPHA * self.loss
                 else:
                     self.loss += LOSS_ALPHA * (1.0 - self.loss)
@@ -753,6 +764,7 @@ cdef class Peer:
             packet.unit_count = <uint32_t>(self.units.head - units_start)
             packet.stamp = self.stamp
             self.in_flight = (self.in_flight << 1) | 1
+            self.data_sent = (self.data_sent << 1) | 1
             if not self.sealed:
                 if in_box:
                     outbox_commit(box, pos, self.raw_address)
