@@ -21,7 +21,11 @@ Three measurements in one run, each with its server pinned to CPU 0 and its load
    even an idle server there. Both figures are printed for every step.
 2. **echo** — benchmarks/udp_echo.c compiled with the system ``cc``: a recvmmsg/sendmmsg echo
    saturated by a closed-loop C load, with the relay's measured request and reply sizes. Its
-   echoes/s / 30 per core is the machine's ceiling in players.
+   echoes/s / 30 per core is the machine's ceiling in players. Then, for comparison, the same
+   echo with the relay load's address mix: as many flows as the relay's measured point, each
+   from its own 127.a.b.c over 8 sockets (as the C loader's players), one request in flight
+   each. The kernel's work per datagram grows with the number of distinct peers, so this
+   ceiling is lower; the target keeps the first.
 3. **enet** — benchmarks/enet_relay.py: the same room and tick on ENet (pyenet), ramped and
    judged exactly like the relay, with its own ENet load generator.
 
@@ -73,6 +77,7 @@ RSS_LIMIT_PER_PLAYER = 16 * 1024
 ECHO_TARGET = 0.60
 ENET_TARGET = 3.0
 SERVER_CPU, LOAD_CPU = 0, 1
+LOADER_SOCKETS = 8                  # the C loader's sockets (benchmarks/loadgen_c --sockets)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MAX_STEP_SECONDS = 10.0
 CONTENDED = 0.10
@@ -934,8 +939,10 @@ def build_echo(directory: Path) -> Path:
 
 
 def run_echo(binary: Path, request_size: int, reply_size: int, seconds: float,
-             sockets: int = 32, window: int = 8) -> dict:
-    """Saturate the echo on CPU 0 from a C load on CPU 1; echoes/s and the echo's CPU share."""
+             sockets: int = 32, window: int = 8, sources: int = 0) -> dict:
+    """Saturate the echo on CPU 0 from a C load on CPU 1; echoes/s and the echo's CPU share.
+    ``sources`` > 0: that many flows, each from its own 127.a.b.c as the C loader's players
+    (``sockets`` and ``window`` then count sockets and requests in flight per flow)."""
     cpus = cpus_available()
     server_cpu = SERVER_CPU if SERVER_CPU in cpus else None
     load_cpu = LOAD_CPU if LOAD_CPU in cpus else None
@@ -949,7 +956,8 @@ def run_echo(binary: Path, request_size: int, reply_size: int, seconds: float,
         port = int(ready[1])
         load = subprocess.Popen([str(binary), "load", "--port", str(port), "--sockets", str(sockets),
                                  "--window", str(window), "--size", str(request_size),
-                                 "--seconds", str(seconds), "--warmup", "0.5"],
+                                 "--seconds", str(seconds), "--warmup", "0.5"]
+                                + (["--sources", str(sources)] if sources > 0 else []),
                                 stdout=subprocess.PIPE, text=True, preexec_fn=pin(load_cpu))
         try:
             line = load.stdout.readline().strip()
@@ -1176,6 +1184,20 @@ def format_report(report: dict) -> str:
                          f"load CPU share {echo['loader_cpu_share']:.1%}")
             lines.append(f"  ceiling: {echo['echoes_per_s_per_core']:.0f} echoes/s per core = "
                          f"{echo['ceiling_ccu_per_core']} CCU per core at {TICK_RATE} Hz")
+    mix = report.get("echo_address_mix")
+    if mix:
+        if mix.get("error"):
+            lines.append(f"echo with the relay load's address mix: error: {mix['error']}")
+        else:
+            relay = report["summary"].get("relay")
+            share = (f"; the relay's {relay['ccu_per_core']} is {relay['ccu_per_core'] / mix['ceiling_ccu_per_core']:.1%} "
+                     f"of it" if relay and mix["ceiling_ccu_per_core"] else "")
+            lines.append(f"echo with the relay load's address mix ({mix['sources']} sources 127.a.b.c over "
+                         f"{mix['sockets']} sockets, {mix['window']} in flight each; for comparison, the "
+                         f"target keeps the echo above): {mix['echoes_per_s']:.0f} echoes/s, lost {mix['lost']}, "
+                         f"corrupt {mix['corrupt']}, echo CPU share {mix['server_cpu_share']:.1%}")
+            lines.append(f"  ceiling: {mix['echoes_per_s_per_core']:.0f} echoes/s per core = "
+                         f"{mix['ceiling_ccu_per_core']} CCU per core{share}")
     lines.append("")
     lines.append("targets:")
     for t in report["targets"]:
@@ -1404,6 +1426,21 @@ def run(args: argparse.Namespace) -> int:
                 except Exception as error:
                     report["echo"] = {"error": f"{type(error).__name__}: {error}"}
                     log(f"  echo: error: {report['echo']['error']}")
+                if best and not report["echo"].get("error"):
+                    # For comparison only (the target keeps the echo above): as many distinct
+                    # peers as the relay's measured point, each from its own address, as the C
+                    # loader's players are. The kernel's work per datagram grows with them.
+                    log(f"echo with the relay load's address mix: {best['players']} sources")
+                    try:
+                        report["echo_address_mix"] = run_echo(
+                            binary, max(8, request), max(8, reply),
+                            min(max(args.echo_seconds, 0.5), 60.0),
+                            sockets=LOADER_SOCKETS, window=1, sources=best["players"])
+                        log(f"  {report['echo_address_mix']['echoes_per_s']:.0f} echoes/s: ceiling "
+                            f"{report['echo_address_mix']['ceiling_ccu_per_core']} CCU per core")
+                    except Exception as error:
+                        report["echo_address_mix"] = {"error": f"{type(error).__name__}: {error}"}
+                        log(f"  echo with the address mix: error: {report['echo_address_mix']['error']}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
         os.sched_setaffinity(0, own_affinity)

@@ -87,6 +87,15 @@ def test_c_echo_compiles_and_echoes(tmp_path):
         assert result["echoes"] > 0
         assert result["lost"] == 0 and result["corrupt"] == 0
         assert result["size"] == 48
+        # The C loader's address mix: 300 flows, each from its own 127.a.b.c, over 4 sockets;
+        # every reply must come back to its flow's own address.
+        load = subprocess.run([str(binary), "load", "--port", ready[1], "--sources", "300",
+                               "--sockets", "4", "--size", "48", "--seconds", "0.5",
+                               "--warmup", "0.1"], capture_output=True, text=True, timeout=30)
+        result = json.loads(load.stdout.strip().splitlines()[-1])
+        assert result["sources"] == 300 and result["sockets"] == 4 and result["window"] == 1
+        assert result["echoes"] > 300
+        assert result["lost"] == 0 and result["corrupt"] == 0
     finally:
         server.send_signal(signal.SIGTERM)
         out, _ = server.communicate(timeout=10)
