@@ -1190,8 +1190,10 @@ def format_report(report: dict) -> str:
             lines.append(f"echo with the relay load's address mix: error: {mix['error']}")
         else:
             relay = report["summary"].get("relay")
-            share = (f"; the relay's {relay['ccu_per_core']} is {relay['ccu_per_core'] / mix['ceiling_ccu_per_core']:.1%} "
-                     f"of it" if relay and mix["ceiling_ccu_per_core"] else "")
+            share = ""
+            if relay and mix["ceiling_ccu_per_core"]:
+                share = (f"; the relay's {relay['ccu_per_core']} is "
+                         f"{relay['ccu_per_core'] / mix['ceiling_ccu_per_core']:.1%} of it")
             lines.append(f"echo with the relay load's address mix ({mix['sources']} sources 127.a.b.c over "
                          f"{mix['sockets']} sockets, {mix['window']} in flight each; for comparison, the "
                          f"target keeps the echo above): {mix['echoes_per_s']:.0f} echoes/s, lost {mix['lost']}, "
