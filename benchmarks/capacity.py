@@ -24,8 +24,8 @@ Three measurements in one run, each with its server pinned to CPU 0 and its load
    echoes/s / 30 per core is the machine's ceiling in players. Then, for comparison, the same
    echo with the relay load's address mix: as many flows as the relay's measured point, each
    from its own 127.a.b.c over 8 sockets (as the C loader's players), one request in flight
-   each. The kernel's work per datagram grows with the number of distinct peers, so this
-   ceiling is lower; the target keeps the first.
+   each (more below 256 flows, so that the echo is saturated). The kernel's work per datagram
+   grows with the number of distinct peers, so this ceiling is lower; the target keeps the first.
 3. **enet** — benchmarks/enet_relay.py: the same room and tick on ENet (pyenet), ramped and
    judged exactly like the relay, with its own ENet load generator.
 
@@ -1437,7 +1437,8 @@ def run(args: argparse.Namespace) -> int:
                         report["echo_address_mix"] = run_echo(
                             binary, max(8, request), max(8, reply),
                             min(max(args.echo_seconds, 0.5), 60.0),
-                            sockets=LOADER_SOCKETS, window=1, sources=best["players"])
+                            sockets=LOADER_SOCKETS, window=min(16, max(1, 256 // best["players"])),
+                            sources=best["players"])
                         log(f"  {report['echo_address_mix']['echoes_per_s']:.0f} echoes/s: ceiling "
                             f"{report['echo_address_mix']['ceiling_ccu_per_core']} CCU per core")
                     except Exception as error:

@@ -220,9 +220,16 @@ def test_quick_report_and_json_structure(tmp_path):
     if HAVE_ENET:
         assert report["ramps"]["enet"]["steps"]
     text = proc.stdout
-    for heading in ("relay:", "echo (C, recvmmsg/sendmmsg", "targets:", "highest passing",
-                    "the kernel's share alone caps CCU per core"):
+    for heading in ("relay:", "echo (C, recvmmsg/sendmmsg", "targets:"):
         assert heading in text
+    # The summary of the highest passing step, when one passed: on a shared machine a quick
+    # step (30 ticks) can fail its lateness criterion on one late wake-up.
+    if any(step["passed"] for step in relay["steps"]):
+        assert "highest passing" in text and "the kernel's share alone caps CCU per core" in text
+        assert "echo with the relay load's address mix" in text
+        assert report["echo_address_mix"]["lost"] == 0 and report["echo_address_mix"]["corrupt"] == 0
+    else:
+        assert "highest passing" not in text
     assert any(word in text for word in ("PASS", "FAIL"))
 
 
