@@ -171,6 +171,23 @@ static int serve(int argc, char **argv) {
     return 0;
 }
 
+/* Point msgs[0..MAX_BATCH) at the receive buffers in[], with a control buffer each (of
+ * control_size bytes from controls) when controls is not NULL, for one recvmmsg. */
+static void arm_receive(struct mmsghdr *msgs, struct iovec *iov, char (*in)[BUF_SIZE],
+                        char *controls, size_t control_size) {
+    for (int i = 0; i < MAX_BATCH; i++) {
+        iov[i].iov_base = in[i];
+        iov[i].iov_len = BUF_SIZE;
+        memset(&msgs[i], 0, sizeof msgs[i]);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        if (controls) {
+            msgs[i].msg_hdr.msg_control = controls + i * control_size;
+            msgs[i].msg_hdr.msg_controllen = control_size;
+        }
+    }
+}
+
 static int load(int argc, char **argv) {
     int port = atoi(arg(argc, argv, "--port", "0"));
     int nsock = atoi(arg(argc, argv, "--sockets", "32"));
@@ -266,13 +283,7 @@ static int load(int argc, char **argv) {
         now = now_s();
         for (int e = 0; e < n; e++) {
             int s = (int)events[e].data.u32;
-            for (int i = 0; i < MAX_BATCH; i++) {
-                iiov[i].iov_base = in[i];
-                iiov[i].iov_len = BUF_SIZE;
-                memset(&imsg[i], 0, sizeof imsg[i]);
-                imsg[i].msg_hdr.msg_iov = &iiov[i];
-                imsg[i].msg_hdr.msg_iovlen = 1;
-            }
+            arm_receive(imsg, iiov, in, NULL, 0);
             int got = recvmmsg(fds[s], imsg, MAX_BATCH, MSG_DONTWAIT, NULL);
             if (got <= 0) continue;
             int good = 0;
@@ -447,15 +458,7 @@ static int load_sources(int argc, char **argv, int nflows) {
         now = now_s();
         for (int e = 0; e < n; e++) {
             int s = (int)events[e].data.u32;
-            for (int i = 0; i < MAX_BATCH; i++) {
-                iiov[i].iov_base = in[i];
-                iiov[i].iov_len = BUF_SIZE;
-                memset(&imsg[i], 0, sizeof imsg[i]);
-                imsg[i].msg_hdr.msg_iov = &iiov[i];
-                imsg[i].msg_hdr.msg_iovlen = 1;
-                imsg[i].msg_hdr.msg_control = ictl[i].bytes;
-                imsg[i].msg_hdr.msg_controllen = sizeof ictl[i].bytes;
-            }
+            arm_receive(imsg, iiov, in, ictl[0].bytes, sizeof ictl[0]);
             int got = recvmmsg(fds[s], imsg, MAX_BATCH, MSG_DONTWAIT, NULL);
             if (got <= 0) continue;
             int good = 0;

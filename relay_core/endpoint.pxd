@@ -152,6 +152,10 @@ cdef class Endpoint:
     cdef void _schedule_at(self, Peer peer, double deadline)
     cdef int _due_push(self, double deadline, Peer peer) except -1
     cdef Py_ssize_t _take_cell(self) except -1
+
+    cdef inline bint _live(self, DueEntry* entry) noexcept:
+        """Whether a heap entry is its peer's current one (its cell still holds its generation)."""
+        return self.cell_generations[entry.cell] == entry.generation
     cdef void _retire(self, Peer peer)
     cdef void _sweep_heap(self)
     cdef void _due_sift_down(self, Py_ssize_t i) noexcept

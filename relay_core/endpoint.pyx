@@ -37,7 +37,8 @@ from relay_core.fragment cimport MemoryBudget
 from relay_core.prefetch cimport prefetch_lines, relay_prefetch
 from relay_core.redundancy cimport LINK_MODES
 from relay_core.peer cimport (
-    CHANNEL_HOT_BYTES, INLINE_CHANNELS, MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING, TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
+    CHANNEL_HOT_BYTES, INLINE_CHANNELS, MessageSink, Peer, STATE_CONNECTED, STATE_DISCONNECTING,
+    TRIGGER_ACCEPT, TRIGGER_CHALLENGE,
     TRIGGER_DISCONNECT,
 )
 from relay_core.wire cimport (
@@ -868,7 +869,7 @@ cdef class Endpoint:
         if self.control_out or self.closing or self.dirty:
             return 0.0
         while self.due_count:
-            if self.cell_generations[self.due_heap[0].cell] == self.due_heap[0].generation:
+            if self._live(&self.due_heap[0]):
                 return self.due_heap[0].deadline
             self._due_pop()                     # superseded, or the peer is gone
         return None
@@ -884,7 +885,7 @@ cdef class Endpoint:
         self.dirty = []
         while self.due_count and self.due_heap[0].deadline <= now:
             entry = self._due_pop()
-            if self.cell_generations[entry.cell] != entry.generation:
+            if not self._live(&entry):
                 continue                        # superseded, or the peer is gone
             peer = <Peer>entry.peer
             peer.queued_deadline = -1.0
@@ -1006,7 +1007,7 @@ cdef class Endpoint:
         """Keep only the live entries (a present peer's current one)."""
         cdef Py_ssize_t i, kept = 0
         for i in range(self.due_count):
-            if self.cell_generations[self.due_heap[i].cell] == self.due_heap[i].generation:
+            if self._live(&self.due_heap[i]):
                 self.due_heap[kept] = self.due_heap[i]
                 kept += 1
         self.due_count = kept
