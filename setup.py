@@ -15,6 +15,8 @@ extensions = [
     Extension("relay.frames", ["relay/frames.pyx"], extra_compile_args=["-O2"]),
     # Input timing's C rings (per player and per room).
     Extension("relay.server.timing", ["relay/server/timing.pyx"], extra_compile_args=["-O2"]),
+    # A room's inputs waiting for their frames, in one C block.
+    Extension("relay.server.pending", ["relay/server/pending.pyx"], extra_compile_args=["-O2"]),
     # INPUTs from the core straight into their rooms.
     Extension("relay.server.inputs", ["relay/server/inputs.pyx"], extra_compile_args=["-O2"]),
 ]

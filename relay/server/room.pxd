@@ -3,6 +3,7 @@
 # module that runs the same uncompiled (tools/mutation.py mutates it so).
 cimport cython
 
+from relay.server.pending cimport PendingInputs
 from relay.server.timing cimport CloseTimes, InputTiming
 
 
@@ -53,7 +54,7 @@ cdef class Room:
     cdef public dict members
     cdef public long long open_frame
     cdef public object history
-    cdef public list input_rows         # frame n's inputs by slot: input_rows[n % len], or None
+    cdef readonly PendingInputs pending # inputs for the open frame and those after it
     cdef public list pending_events
     cdef public list last_inputs
     cdef public str missing_input_policy
@@ -78,7 +79,7 @@ cdef class Room:
     cpdef str accept_input(self, int peer_id, long long frame, bytes payload, long long have,
                            double now)
 
-    @cython.locals(rows=list, inputs=list, row_index=Py_ssize_t, outcome=str)
+    @cython.locals(outcome=str)
     cpdef str accept_member_input(self, Member member, long long frame, bytes payload,
                                   long long have, double now)
 
@@ -88,7 +89,7 @@ cdef class Room:
     @cython.locals(timing=InputTiming)
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
-    @cython.locals(rows=list, received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
+    @cython.locals(received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
                    repeat=bint, index=Py_ssize_t, slots=list)
     cpdef tuple collect_inputs(self, long long number)
 

@@ -35,6 +35,7 @@ from relay.config import RoomSettings
 from relay.server.history import FrameHistory
 from relay.frames import encode_frame_of
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Welcome
+from relay.server.pending import PendingInputs
 from relay.server.timing import CloseTimes, InputTiming
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
@@ -159,11 +160,9 @@ class Room:
         # The newest frames in memory, the rest in a temporary file: a long match's history
         # would outweigh its players (a delayed spectator's frame is read back each tick).
         self.history = FrameHistory(keep=HISTORY_IN_MEMORY)
-        # Inputs received for the open frame and the max_input_lead frames after it: frame n's
-        # row is input_rows[n % len(input_rows)], None until an input for n arrives, then a
-        # list with a payload (or None) per slot index. The open frame's row is taken when it
-        # closes, so a row never holds two frames, and no dict is made or probed per input.
-        self.input_rows: list = [None] * (self.max_input_lead + 1)
+        # Inputs received for the open frame and the max_input_lead frames after it, by frame
+        # and slot index; the open frame's are taken when it closes.
+        self.pending = PendingInputs(self.capacity, self.max_input_lead + 1)
         self.pending_events: list[list] = []
         self.last_inputs: list = []
         """Inputs of the last closed frame: the next frame is encoded relative to them."""
@@ -474,36 +473,17 @@ class Room:
             frame, outcome = self.open_frame, LATE
         elif frame > self.open_frame + self.max_input_lead:
             return "refused:too_far_ahead"
-        rows = self.input_rows
-        row_index = frame % len(rows)
-        inputs = rows[row_index]
-        if inputs is None:
-            inputs = [None] * self.capacity
-            rows[row_index] = inputs
-        if inputs[slot] is not None:
+        if not self.pending.put(frame, slot, payload):
             return "duplicate" if outcome == ACCEPTED else "refused:late_dropped"
-        inputs[slot] = payload
         return outcome
 
     def _drop_inputs(self, slot_index: int, first: int) -> None:
         """Forget the inputs buffered for slot ``slot_index`` for frame ``first`` and later."""
-        rows = self.input_rows
-        for number in range(max(first, self.open_frame), self.open_frame + len(rows)):
-            inputs = rows[number % len(rows)]
-            if inputs is not None:
-                inputs[slot_index] = None
+        self.pending.drop_slot(slot_index, first)
 
     def buffered_inputs(self) -> dict[int, dict[int, bytes]]:
         """The inputs waiting for their frame to close: frame -> slot index -> payload."""
-        rows = self.input_rows
-        buffered = {}
-        for number in range(self.open_frame, self.open_frame + len(rows)):
-            inputs = rows[number % len(rows)]
-            if inputs is not None:
-                held = {index: value for index, value in enumerate(inputs) if value is not None}
-                if held:
-                    buffered[number] = held
-        return buffered
+        return self.pending.buffered()
 
     def _time_input(self, member: Member, frame: int, have: int, now: float) -> None:
         """How long after frame ``have`` closed this input arrived: the input was sent for frame
@@ -632,9 +612,7 @@ class Room:
     def collect_inputs(self, number: int) -> tuple[list, list]:
         """Frame ``number``'s input per slot from those received for it, a connected player's
         missing one made up by missing_input_policy: (inputs, synthesized slot indexes)."""
-        rows = self.input_rows
-        received = rows[number % len(rows)]
-        rows[number % len(rows)] = None
+        received = self.pending.take(number)
         previous = self.last_inputs
         inputs = []
         synthesized = []

@@ -13,7 +13,8 @@ def test_core_module_is_a_compiled_extension(name):
     assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
 
 
-@pytest.mark.parametrize("name", ["relay.frames", "relay._batchio", "relay.server.timing", "relay.server.inputs",
+@pytest.mark.parametrize("name", ["relay.frames", "relay._batchio", "relay.server.timing", "relay.server.pending",
+                                  "relay.server.inputs",
                                   "relay.server.room", "relay.server.history"])
 def test_server_hot_paths_are_compiled_extensions(name):
     module = importlib.import_module(name)

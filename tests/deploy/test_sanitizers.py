@@ -70,7 +70,7 @@ UNIT_TESTS = [
     "core/test_vectors.py", "core/test_token.py", "core/test_token_limits.py", "core/test_secure_session.py",
     "core/test_migration.py", "core/test_message_sink.py", "core/test_redundancy_policy.py", "core/test_pacing.py",
     "relay/test_protocol_limits.py", "relay/test_inputs.py", "relay/test_frame_codec.py", "relay/test_batchio.py",
-    "relay/test_room.py",
+    "relay/test_room.py", "relay/test_pending.py",
     "relay/test_room_membership.py", "relay/test_frames.py", "relay/test_desync.py", "relay/test_input_delay.py",
     "e2e/test_limits.py", "relay/test_history.py", "relay/test_replay.py", "relay/test_config_ranges.py",
     "core/test_api_misuse.py", "core/test_compiled.py", "core/test_fuzz.py",
@@ -133,7 +133,8 @@ ENV_CHECK = '''
 import importlib, importlib.machinery, json, sys
 names = ["relay_core." + n for n in ("wire", "seqbuf", "rtt", "redundancy", "fragment", "channel", "block",
                                         "peer", "endpoint")] + [
-    "relay._batchio", "relay.frames", "relay.server.timing", "relay.server.inputs", "relay.server.room"]
+    "relay._batchio", "relay.frames", "relay.server.timing", "relay.server.pending", "relay.server.inputs",
+    "relay.server.room"]
 files = {name: importlib.import_module(name).__file__ for name in names}
 maps = open("/proc/self/maps").read()
 libs = sorted({line.split()[-1] for line in maps.splitlines() if "san" in line.split()[-1]})
