@@ -15,7 +15,7 @@ cdef class PendingInputs:
     cdef inline PyObject** _row(self, long long frame) noexcept:
         return self.near_slots + (frame % self.near_frames) * self.capacity
 
-    cdef int _check(self, long long frame, Py_ssize_t slot) except -1
+    cdef int _check_slot(self, Py_ssize_t slot) except -1
     cpdef bint put(self, long long frame, Py_ssize_t slot, bytes payload) except -1
     cpdef list take(self, long long frame)
     cpdef void drop_slot(self, Py_ssize_t slot, long long first) except *

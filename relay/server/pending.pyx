@@ -45,10 +45,7 @@ cdef class PendingInputs:
                 Py_XDECREF(self.near_slots[i])
             PyMem_Free(self.near_slots)
 
-    cdef int _check(self, long long frame, Py_ssize_t slot) except -1:
-        if not self.first <= frame < self.first + self.span:
-            raise ValueError(f"frame {frame} is outside the frames held, {self.first} to "
-                             f"{self.first + self.span - 1}")
+    cdef int _check_slot(self, Py_ssize_t slot) except -1:
         if not 0 <= slot < self.capacity:
             raise IndexError(f"slot {slot} is outside 0 to {self.capacity - 1}")
         return 0
@@ -61,7 +58,10 @@ cdef class PendingInputs:
         cdef list far_row
         if payload is None:
             raise TypeError("payload must be bytes, not None")
-        self._check(frame, slot)
+        if not self.first <= frame < self.first + self.span:
+            raise ValueError(f"frame {frame} is outside the frames held, {self.first} to "
+                             f"{self.first + self.span - 1}")
+        self._check_slot(slot)
         if frame < self.first + self.near_frames:
             row = self._row(frame)
             if row[slot] != NULL:
@@ -84,6 +84,7 @@ cdef class PendingInputs:
         it becomes the oldest."""
         cdef PyObject** row
         cdef Py_ssize_t slot
+        cdef bint held = False
         cdef list taken = None
         cdef list coming
         cdef object payload
@@ -92,16 +93,18 @@ cdef class PendingInputs:
         row = self._row(frame)
         for slot in range(self.capacity):
             if row[slot] != NULL:
-                taken = PyList_New(self.capacity)
-                for slot in range(self.capacity):
-                    # The row's references move into the list; the list owns None where none came.
-                    if row[slot] == NULL:
-                        Py_INCREF(None)
-                        PyList_SET_ITEM(taken, slot, None)
-                    else:
-                        PyList_SET_ITEM(taken, slot, <object>row[slot])
-                        row[slot] = NULL
+                held = True
                 break
+        if held:
+            taken = PyList_New(self.capacity)
+            for slot in range(self.capacity):
+                # The row's references move into the list; the list owns None where none came.
+                if row[slot] == NULL:
+                    Py_INCREF(None)
+                    PyList_SET_ITEM(taken, slot, None)
+                else:
+                    PyList_SET_ITEM(taken, slot, <object>row[slot])
+                    row[slot] = NULL
         self.first = frame + 1
         # The frame that just came near takes the row freed (frame + near_frames is congruent to
         # frame modulo near_frames).
@@ -119,8 +122,7 @@ cdef class PendingInputs:
         """Forget what ``slot`` holds for frame ``first`` and later."""
         cdef long long frame
         cdef PyObject** row
-        if not 0 <= slot < self.capacity:
-            raise IndexError(f"slot {slot} is outside 0 to {self.capacity - 1}")
+        self._check_slot(slot)
         for frame in range(max(first, self.first), self.first + self.near_frames):
             row = self._row(frame)
             Py_XDECREF(row[slot])
