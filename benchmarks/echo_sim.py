@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.loss_latency import Datagram, redundancy_limit  # noqa: E402
+from benchmarks.loss_latency import Datagram, episode_recoveries, redundancy_limit  # noqa: E402
 from relay.tools.netem import LinkSettings  # noqa: E402
 from relay_core import ChannelConfig, Endpoint, EndpointConfig, MessageReceived, PeerConnected  # noqa: E402
 from relay_core.simlink import LossyLink  # noqa: E402
@@ -59,6 +59,8 @@ class EchoRun:
     trace: list[tuple[float, dict, dict]] = field(default_factory=list)
     """With ``trace_every``: (time, client PeerStats fields, server PeerStats fields)."""
     peer_stats: dict[str, Any] = field(default_factory=dict)
+    episodes: list[tuple[float, float]] = field(default_factory=list)
+    """The link's loss episodes (start, end), seconds from the first send (both ways alike)."""
 
     @property
     def delivered(self) -> list[float]:
@@ -181,6 +183,7 @@ def run_echo(settings: LinkSettings, count: int = 1000, seed: int = 1, size: int
     run.peer_stats = {"client": stats(client), "server": stats(server)}
     run.queue_ms = [queued * 1000.0 for link in (up, down) for queued, _ in link.counters.delays]
     if start is not None:
+        run.episodes = [(a - start, b - start) for a, b in up.episodes.history]
         fates = [_fates(link, sent_at[id(link)]) for link in (up, down)]
         message_times = [start + t for t in run.send_times]
         run.limit = [None if v is None else v * 1000.0
@@ -204,9 +207,11 @@ def summarize(runs: Sequence[EchoRun]) -> dict[str, float]:
     span = sum(max(run.send_times[-1], 1e-9) for run in runs if run.send_times)
     payload = sum(2 * len(run.rtts) * run.size for run in runs)
     limits = [v for run in runs for v in run.limit if v is not None]
+    recoveries = [v for run in runs for v in episode_recoveries(run.episodes, run.send_times, run.rtts)]
     queued = [v for run in runs for v in run.queue_ms]
     return {"delivered": len(pooled), "messages": total, "limit_p99": percentile(limits, 99),
             "queue_p99": percentile(queued, 99),
+            "recovery_mean": sum(recoveries) / len(recoveries) if recoveries else math.nan,
             "mean": sum(pooled) / len(pooled) if pooled else math.nan,
             "p50": percentile(pooled, 50), "p99": percentile(pooled, 99),
             "max": max(pooled) if pooled else math.nan,
@@ -240,7 +245,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"p99 {s['p99']:.1f} (limit {s['limit_p99']:.1f}) max {s['max']:.1f} ms; "
               f"wire {s['wire_per_payload_byte']:.2f} per payload byte; "
               f"server {s['datagrams_down_per_s']:.1f} datagrams/s"
-              + (f"; bottleneck p99 {s['queue_p99']:.1f} ms" if scenario.settings.rate else ""),
+              + (f"; bottleneck p99 {s['queue_p99']:.1f} ms" if scenario.settings.rate else "")
+              + (f"; after an episode {s['recovery_mean']:.1f} ms" if scenario.settings.episode_ms else ""),
               flush=True)
     return 0
 

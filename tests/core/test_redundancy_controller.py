@@ -8,7 +8,7 @@ import random
 import pytest
 
 from benchmarks.echo_sim import percentile, run_echo
-from benchmarks.loss_latency import SCENARIOS
+from benchmarks.loss_latency import SCENARIOS, episode_recoveries
 from relay_core import ConfigError, EndpointConfig
 from relay_core.redundancy import LinkModel
 
@@ -125,6 +125,20 @@ def test_bursts_make_both_ends_bursty_and_copy_until_acked():
     lossy_only = [scenario_run("bursts", seed, burst_threshold=0.99) for seed in (1, 2)]
     pooled = lambda rs: percentile([v for r in rs for v in r.delivered], 99)  # noqa: E731
     assert pooled(runs) < 0.85 * pooled(lossy_only)
+
+
+def test_after_a_loss_episode_bursty_copies_deliver_what_it_held_back_sooner():
+    def recoveries(**ours):
+        runs = [scenario_run("episodes", seed, **ours) for seed in (1, 2)]
+        assert all(len(run.delivered) == 1000 and run.episodes for run in runs)
+        return [v for run in runs for v in episode_recoveries(run.episodes, run.send_times, run.rtts)]
+    bursty = recoveries()
+    lossy_only = recoveries(burst_threshold=0.99)       # bursty mode never chosen
+    assert len(bursty) == len(lossy_only) > 20
+    assert min(bursty) >= 0.0
+    # Every unacked message rides the first datagram after the episode (60.8 ms against 70.1
+    # on these seeds, where an ARQ needs a round trip more).
+    assert sum(bursty) / len(bursty) < 0.95 * sum(lossy_only) / len(lossy_only)
 
 
 def test_a_long_steady_path_keeps_its_copies():
