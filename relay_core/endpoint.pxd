@@ -3,7 +3,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from relay_core.fragment cimport MemoryBudget
 from relay_core.outbox cimport Outbox
-from relay_core.peer cimport MessageSink, Peer, STATE_CONNECTED
+from relay_core.peer cimport MessageSink, Peer, SharedSettings, STATE_CONNECTED
 from relay_core.wire cimport CookiePacket, AcceptPacket, DROP_REASON_COUNT
 
 
@@ -71,6 +71,7 @@ cdef class Endpoint:
     cdef bytes cookie_key
     cdef object rng
     cdef uint8_t* scratch
+    cdef SharedSettings peer_settings   # what every peer reads of config, shared
     cdef uint32_t cookie_lifetime_ms
     cdef bint accept_connections
     cdef int max_peers

@@ -347,6 +347,7 @@ cdef class Endpoint:
         self.path_retry_interval = self.config.connect_resend_interval
         self.path_counts = {"challenges_sent": 0, "challenge_bytes": 0, "budget_spent": 0,
                             "migrations": 0}
+        self.peer_settings = SharedSettings(self.config)
         self.scratch = <uint8_t*>PyMem_Malloc(self.config.mtu)
         if self.scratch == NULL:
             raise MemoryError()
@@ -382,7 +383,8 @@ cdef class Endpoint:
         if token is not None and not isinstance(token, ConnectToken):
             raise TypeError(f"token must be a relay_core.token.ConnectToken, got {type(token).__name__}")
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, self._random_u32(),
-                    self.block_budget, TAG_SIZE if token is not None else 0, token)
+                    self.block_budget, TAG_SIZE if token is not None else 0, token,
+                    self.peer_settings)
         peer.sink = self.message_sink
         self.peers_by_address[address] = peer
         self._index(peer)
@@ -1099,7 +1101,7 @@ cdef class Endpoint:
             counts[i] = 0
         for peer in self.peers.values():
             if peer.state == STATE_CONNECTED:
-                counts[peer.link.mode if peer.adaptive else LINK_MODES] += 1
+                counts[peer.link.mode if peer.settings.adaptive else LINK_MODES] += 1
         out = {name: counts[i] for i, name in enumerate(MODE_NAMES)}
         out["always"] = counts[LINK_MODES]
         return out
@@ -1157,7 +1159,7 @@ cdef class Endpoint:
     def session_info(self, int peer_id):
         """Packet protection state of a connection, for tests and debugging."""
         cdef Peer peer = self.peers[peer_id]
-        return {"encrypted": peer.sealed, "send_counter": peer.send_counter,
+        return {"encrypted": bool(peer.sealed), "send_counter": peer.send_counter,
                 "receive_counter": peer.recv_counter if peer.has_recv_counter else None,
                 "tag_reserve": peer.reserve}
 
@@ -1523,7 +1525,7 @@ cdef class Endpoint:
                 return
         encrypted = claims is not None and self.encrypt_packets
         peer = Peer(self._new_peer_id(), address, self.config, self.events, now, connect_id,
-                    self.block_budget, TAG_SIZE if encrypted else 0, None)
+                    self.block_budget, TAG_SIZE if encrypted else 0, None, self.peer_settings)
         peer.sink = self.message_sink
         session_id = self._random_u32()
         while session_id in self.sessions:          # the session id alone finds a migrating peer

@@ -1,6 +1,6 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from relay_core.rtt cimport Rtt
-from relay_core.redundancy cimport LinkState, LINK_CLEAN
+from relay_core.rtt cimport Rtt, RttLimits
+from relay_core.redundancy cimport LinkSettings, LinkState, LINK_CLEAN
 from relay_core.channel cimport ReceiveChannel, SendChannel, SentUnits
 from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
@@ -44,6 +44,31 @@ cdef struct SentPacket:
     uint8_t acked
 
 
+cdef struct PeerSettings:
+    # What every peer of an endpoint reads and none changes (its EndpointConfig): one copy per
+    # endpoint (SharedSettings), so that each peer's hot lines hold only its own state.
+    double peer_timeout
+    double heartbeat_interval
+    double ack_delay
+    double send_rate
+    double token_capacity
+    double copy_wait
+    double reorder_tolerance
+    Py_ssize_t redundancy_budget
+    int mtu
+    int max_datagrams
+    int congested_copies
+    int prompt_copies
+    int redundancy_copies
+    bint adaptive                       # redundancy_policy == "adaptive": the controller decides
+    RttLimits rtt_limits
+    LinkSettings link
+
+
+cdef class SharedSettings:
+    cdef PeerSettings s
+
+
 cdef class MessageSink:
     cdef public int channel
     cpdef bint take(self, int peer_id, bytes payload, double now) except -1
@@ -60,27 +85,22 @@ cdef class Peer:
     # of peers between two visits to one).
     cdef readonly int peer_id
     cdef readonly int state
-    cdef bint dirty                         # in the endpoint's list of peers to flush
-    cdef bint removed                       # out of the endpoint's peers
-    cdef bint sealed                        # DATA, DISCONNECT and PATH packets sealed (token mode)
+    cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
+    cdef int channel_count
+    cdef const PeerSettings* settings       # its endpoint's (settings_owner's)
+    cdef readonly uint32_t session_id
+    cdef uint32_t redundant_mask            # bit i: channel i is redundant
+    cdef uint8_t dirty                      # in the endpoint's list of peers to flush
+    cdef uint8_t removed                    # out of the endpoint's peers
+    cdef uint8_t sealed                     # DATA, DISCONNECT and PATH packets sealed (token mode)
     # False: neither block_in nor block_out has anything to do, so the per-packet paths need not
     # look at them. Set when a slice arrives or a block is queued (the only ways either gets
     # work); cleared once both are found idle.
-    cdef bint blocks_busy
-    cdef bint adaptive                  # redundancy_policy == "adaptive": the controller decides
-    cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
-    cdef int mtu
-    cdef int max_datagrams
-    cdef int channel_count
-    cdef readonly uint32_t session_id
-    cdef uint64_t address_key
-    cdef Py_ssize_t schedule_cell           # its cell in the endpoint's schedule (-1: none yet)
-    cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
-    cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
+    cdef uint8_t blocks_busy
+    cdef uint8_t has_received
 
     # packet sequence numbers and acks
     cdef uint16_t next_seq
-    cdef bint has_received
     cdef uint16_t latest_received
     cdef uint16_t highest_acked        # newest of our packets the peer has acked
     cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
@@ -88,45 +108,35 @@ cdef class Peer:
     cdef uint16_t latest_remote_send_time
     cdef uint32_t received_bits
     cdef uint32_t stamp
+    cdef int sent_size                  # sent_packet_buffer (a power of two)
+    cdef int received_size
+    cdef uint64_t address_key
+    cdef Py_ssize_t schedule_cell           # its cell in the endpoint's schedule (-1: none yet)
+    cdef public double scheduled_deadline    # next_deadline() when last scheduled (0.0: never)
+    cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
     cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
     cdef uint64_t data_sent             # bit i: our packet next_seq - 1 - i is a DATA packet
     cdef double latest_received_at
     cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
-    cdef int sent_size                  # sent_packet_buffer (a power of two)
-    cdef SentUnits units
     # Which of the peer's packets arrived, in the received window (seqbuf's tags: slot = seq %
     # received_size): a repeat beyond the 32 acked bits is still known for a duplicate.
     cdef uint32_t* received_tags
-    cdef int received_size
+    cdef SentUnits units
     # Channel i's send object at [2 i], its receive object at [2 i + 1], for i < INLINE_CHANNELS
     # (borrowed from send_channels and recv_channels): one cache line, where each list costs two.
     cdef void* channel_at[2 * INLINE_CHANNELS]
-    cdef uint32_t redundant_mask        # bit i: channel i is redundant
 
     # timers
     cdef double last_send_at
     cdef double last_receive_at
     cdef double ack_due
-    cdef double peer_timeout
-    cdef double heartbeat_interval
-    cdef double ack_delay
 
     # pacing, copies, the RTT estimate and the redundancy controller (docs/PROTOCOL.md 11.5, 12.4, 12.5)
     cdef double tokens
     cdef double tokens_at
-    cdef double send_rate
-    cdef double token_capacity
-    cdef Py_ssize_t redundancy_budget
-    cdef int congested_copies
-    cdef int prompt_copies
-    cdef int redundancy_copies
-    cdef double copy_wait
-    cdef double reorder_tolerance
     cdef Rtt rtt
 
-    # channels, blocks and where messages go
-    cdef list send_channels
-    cdef list recv_channels
+    # blocks and where messages go
     cdef public MessageSink sink            # takes this channel's messages before they become events
     cdef public object sink_context         # the sink's own object for this peer (Endpoint.bind_sink)
     cdef object events
@@ -147,16 +157,20 @@ cdef class Peer:
     cdef readonly uint64_t send_counter     # counter of our next DATA/DISCONNECT; next_seq is its low 16 bits
     cdef readonly uint64_t recv_counter     # highest packet counter from the peer that authenticated
     cdef readonly bint has_recv_counter
-    cdef uint8_t send_key[32]               # the session's ChaCha20-Poly1305 keys (relay_core.aead):
-    cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
 
     # the redundancy controller's link state (docs/PROTOCOL.md 12.5) and the address in C
     cdef LinkState link
     # The address in C, for the endpoint's address index (Endpoint._index): a sockaddr_in or
     # sockaddr_in6 (28 bytes), and its raw_address_key; 0: not in the index.
     cdef uint8_t raw_address[28]
+    # Read by sealed peers only (token mode): last, so an open peer's datagrams never touch them.
+    cdef uint8_t send_key[32]               # the session's ChaCha20-Poly1305 keys (relay_core.aead):
+    cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
 
     # Cold: the handshake, token claims, path validation, the loss estimate
+    cdef SharedSettings settings_owner
+    cdef list send_channels             # every channel's; channel_at has the first ones
+    cdef list recv_channels
     cdef readonly object address
     cdef readonly uint32_t connect_id
     cdef readonly object token              # client: the ConnectToken it connects with
@@ -211,7 +225,7 @@ cdef class Peer:
     cdef inline bint copies_on(self) noexcept:
         """Whether redundant channels write copies now: always under the "always" policy,
         under "adaptive" unless the controller's last word was "clean"."""
-        return not self.adaptive or self.link.mode != LINK_CLEAN
+        return not self.settings.adaptive or self.link.mode != LINK_CLEAN
 
     cdef inline bint block_ack_owed(self):
         """block_in owes the peer a BLOCK_ACK."""
@@ -239,8 +253,9 @@ cdef class Peer:
 
     cdef inline void prefetch(self) noexcept:
         """Ask for this peer's lines that a datagram or a flush reads or writes: everything
-        before the cold section (a pass over peers calls it a few peers ahead)."""
-        prefetch_lines(<void*>self, <char*>&self.raw_address[sizeof(self.raw_address)] - <char*><void*>self)
+        before the cold section (a pass over peers calls it a few peers ahead). Its length is
+        fixed: a length read from the peer would wait for the very line being asked for."""
+        prefetch_lines(<void*>self, <char*>&self.receive_key[sizeof(self.receive_key)] - <char*><void*>self)
 
     cdef inline void prefetch_state(self) noexcept:
         """Ask for what the peer's own fields point to and the next datagram touches: its

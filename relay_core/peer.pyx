@@ -19,7 +19,7 @@ from relay_core.aead cimport AEAD_KEY_SIZE, AEAD_NONCE_SIZE, aead_open, aead_sea
 from relay_core.seqbuf cimport tags_new, tags_contain, tags_insert, tags_remove_range
 from relay_core.rtt cimport Rtt, rtt_add_sample, rtt_init
 from relay_core.redundancy cimport (
-    LinkState, link_init, link_judged, link_rtt, link_update, link_burst_length,
+    LinkState, link_init, link_judged, link_rtt, link_settings, link_update, link_burst_length,
     LINK_CLEAN, LINK_LOSSY, LINK_BURSTY, LINK_CONGESTED,
 )
 from relay_core.fragment cimport MemoryBudget
@@ -136,11 +136,38 @@ cdef class MessageSink:
 # the fixed reorder tolerance): the time window alone, 4 x RTTVAR, is wide on a jittery path.
 cdef int REORDER_PACKETS = 3
 
+cdef class SharedSettings:
+    """The settings of an endpoint's peers, from its EndpointConfig: built once per endpoint
+    and shared by its peers (each peer built without one gets its own)."""
+
+    def __init__(self, object config):
+        self.s.peer_timeout = config.peer_timeout
+        self.s.heartbeat_interval = config.heartbeat_interval
+        self.s.ack_delay = config.ack_delay
+        self.s.send_rate = config.send_rate
+        self.s.token_capacity = max(config.send_rate * 0.05, 4.0 * config.mtu)
+        self.s.copy_wait = config.redundancy_copy_wait
+        self.s.reorder_tolerance = config.reorder_tolerance
+        self.s.redundancy_budget = config.redundancy_budget
+        self.s.mtu = config.mtu
+        self.s.max_datagrams = config.max_datagrams_per_flush
+        self.s.congested_copies = config.congested_copies
+        self.s.prompt_copies = config.prompt_copies
+        self.s.redundancy_copies = config.redundancy_copies
+        self.s.adaptive = config.redundancy_policy == "adaptive"
+        self.s.rtt_limits.rto_min = config.rto_min
+        self.s.rtt_limits.rto_max = config.rto_max
+        link_settings(&self.s.link, config.redundancy_loss_memory, config.burst_threshold,
+                      config.congestion_delay, config.congestion_hold, config.min_rtt_window)
+
+
 cdef class Peer:
     def __init__(self, int peer_id, object address, object config, object events, double now,
                  uint32_t connect_id, MemoryBudget block_budget not None, int reserve=0,
-                 object token=None):
+                 object token=None, SharedSettings settings=None):
         cdef int n, i
+        self.settings_owner = SharedSettings(config) if settings is None else settings
+        self.settings = &self.settings_owner.s
         self.peer_id = peer_id
         self.queued_deadline = -1.0
         self.schedule_cell = -1
@@ -179,16 +206,11 @@ cdef class Peer:
         self.unacked_tail = 0
         self.loss = 0.0
         self.loss_cursor = 0
-        self.adaptive = config.redundancy_policy == "adaptive"
-        self.redundancy_copies = config.redundancy_copies
-        self.copy_wait = config.redundancy_copy_wait
-        self.reorder_tolerance = config.reorder_tolerance
         self.gap_cursor = 0
-        link_init(&self.link, config.redundancy_loss_memory, config.burst_threshold,
-                  config.congestion_delay, config.congestion_hold, config.min_rtt_window, now)
+        link_init(&self.link, now)
 
         # The handshake replaces this with the ack delay the peer announces.
-        rtt_init(&self.rtt, config.rto_initial, config.rto_min, config.rto_max, config.ack_delay)
+        rtt_init(&self.rtt, &self.settings.rtt_limits, config.rto_initial, config.ack_delay)
         # Everything this peer holds counts against its own cap and, through the parent,
         # against the endpoint's receive budget (the block budget's parent).
         self.reassembly = MemoryBudget(config.reassembly_limit, block_budget.parent)
@@ -219,19 +241,8 @@ cdef class Peer:
         self.last_send_at = now
         self.last_receive_at = now
         self.ack_due = -1.0
-        self.peer_timeout = config.peer_timeout
-        self.heartbeat_interval = config.heartbeat_interval
-        self.ack_delay = config.ack_delay
-        self.mtu = config.mtu
-        self.max_datagrams = config.max_datagrams_per_flush
-
-        self.send_rate = config.send_rate
-        self.token_capacity = max(config.send_rate * 0.05, 4.0 * config.mtu)
-        self.tokens = self.token_capacity
+        self.tokens = self.settings.token_capacity
         self.tokens_at = now
-        self.redundancy_budget = config.redundancy_budget
-        self.congested_copies = config.congested_copies
-        self.prompt_copies = config.prompt_copies
 
     def __dealloc__(self):
         PyMem_Free(self.sent)
@@ -485,7 +496,7 @@ cdef class Peer:
         if status == 0:
             self.record_received(h.seq, h.send_time, now)
             if has_records and self.ack_due < 0.0:
-                self.ack_due = now + self.ack_delay
+                self.ack_due = now + self.settings.ack_delay
         return status
 
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now):
@@ -556,9 +567,9 @@ cdef class Peer:
             # echo_time is our send_time plus the time the peer held our packet (PROTOCOL.md).
             sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
             if sample < 60.0:
-                rtt_add_sample(&self.rtt, sample)
-                link_rtt(&self.link, sample, self.rtt.srtt, now)
-            if self.adaptive:
+                rtt_add_sample(&self.rtt, &self.settings.rtt_limits, sample)
+                link_rtt(&self.link, &self.settings.link, sample, self.rtt.srtt, now)
+            if self.settings.adaptive:
                 self.detect_gaps(h.ack, now)
         # Packets 32 or more behind the newest ack can never be acked again: count them. Those
         # of the last 64 (all of them, acking every datagram; sent_packet_buffer >= 64 holds
@@ -606,7 +617,7 @@ cdef class Peer:
         never, and arriving after a packet sent that much later is beyond the path's jitter."""
         cdef SentPacket* packet
         cdef double newest_sent = self.sent_packet(newest).time     # process_acks checked it
-        cdef double window = max(self.reorder_tolerance, 4.0 * self.rtt.rttvar)
+        cdef double window = max(self.settings.reorder_tolerance, 4.0 * self.rtt.rttvar)
         if seq_diff(newest, self.gap_cursor) > self.sent_size:
             self.gap_cursor = <uint16_t>(newest - self.sent_size)
         while seq_diff(newest, self.gap_cursor) > 0:
@@ -614,9 +625,9 @@ cdef class Peer:
             if packet != NULL:
                 if newest_sent - packet.time <= window and (
                         seq_diff(newest, self.gap_cursor) < REORDER_PACKETS
-                        or newest_sent - packet.time <= self.reorder_tolerance):
+                        or newest_sent - packet.time <= self.settings.reorder_tolerance):
                     return
-                link_judged(&self.link, not packet.acked)
+                link_judged(&self.link, &self.settings.link, not packet.acked)
                 if not packet.acked:
                     self.on_packet_lost(packet, now)
             self.gap_cursor += 1
@@ -653,7 +664,7 @@ cdef class Peer:
 
     cdef void refill(self, double now):
         if now > self.tokens_at:
-            self.tokens = min(self.token_capacity, self.tokens + (now - self.tokens_at) * self.send_rate)
+            self.tokens = min(self.settings.token_capacity, self.tokens + (now - self.tokens_at) * self.settings.send_rate)
             self.tokens_at = now
 
     cdef bint window_open(self, double now):
@@ -667,7 +678,7 @@ cdef class Peer:
     cdef bint must_send(self, double now):
         """An ack, block ack or heartbeat is due: a datagram goes out even past the window."""
         return ((self.ack_due >= 0.0 and now >= self.ack_due) or self.block_ack_owed()
-                or now - self.last_send_at >= self.heartbeat_interval)
+                or now - self.last_send_at >= self.settings.heartbeat_interval)
 
     cdef bint wants_send(self, double now):
         cdef int i
@@ -692,7 +703,7 @@ cdef class Peer:
         endpoint's address index). ``buf``: scratch of at least mtu bytes."""
         cdef int k, i
         cdef SentPacket* packet
-        cdef Py_ssize_t pos, end = self.mtu - self.reserve
+        cdef Py_ssize_t pos, end = self.settings.mtu - self.reserve
         cdef DataHeader h
         cdef bytes datagram
         cdef SendChannel channel
@@ -703,28 +714,29 @@ cdef class Peer:
         cdef uint8_t* sealed_out
         cdef uint8_t* scratch = buf
         cdef bint in_box = box != NULL and self.address_key != 0
-        cdef Py_ssize_t budget = self.redundancy_budget
+        cdef Py_ssize_t budget = self.settings.redundancy_budget
         # always: every unacked message in every datagram. adaptive: as the controller's mode
         # says (PROTOCOL.md 12.5): none on a clean path; on a lossy one a bounded number per
         # message, the first in the next datagram and the others only where an ack is overdue;
         # on a bursty one every datagram until acked, as always; on a congested one fewer.
-        cdef int mode = link_update(&self.link, now) if self.adaptive else LINK_BURSTY
-        cdef int prompt_copies = self.prompt_copies
-        cdef bint copies = mode != LINK_CLEAN and (mode != LINK_CONGESTED or self.congested_copies > 0)
-        cdef int max_copies = (self.redundancy_copies if mode == LINK_LOSSY else
-                               self.congested_copies if mode == LINK_CONGESTED else 0)
+        cdef int mode = (link_update(&self.link, &self.settings.link, now) if self.settings.adaptive
+                         else LINK_BURSTY)
+        cdef int prompt_copies = self.settings.prompt_copies
+        cdef bint copies = mode != LINK_CLEAN and (mode != LINK_CONGESTED or self.settings.congested_copies > 0)
+        cdef int max_copies = (self.settings.redundancy_copies if mode == LINK_LOSSY else
+                               self.settings.congested_copies if mode == LINK_CONGESTED else 0)
         # When the ack of a send that arrived is due back: SRTT excludes the peer's ack hold.
-        cdef double late_copy = (self.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
-                                 if self.rtt.has_sample else self.copy_wait * self.rtt.rto)
+        cdef double late_copy = (self.settings.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
+                                 if self.rtt.has_sample else self.settings.copy_wait * self.rtt.rto)
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
             return 0
         if not self.wants_send(now):
             return 0
         self.refill(now)
-        for k in range(self.max_datagrams):
+        for k in range(self.settings.max_datagrams):
             # Written where it goes out from, unless it is sealed afterwards.
-            buf = outbox_reserve(box, self.mtu) if in_box and not self.sealed else scratch
+            buf = outbox_reserve(box, self.settings.mtu) if in_box and not self.sealed else scratch
             self.stamp += 1
             self.keep_unacked_units()
             units_start = self.units.head
@@ -845,11 +857,11 @@ cdef class Peer:
             return "connect_timeout" if now - self.created_at >= self.connect_timeout else None
         if self.state != STATE_CONNECTED:
             return None
-        if now - self.last_receive_at >= self.peer_timeout:
+        if now - self.last_receive_at >= self.settings.peer_timeout:
             return "timeout"
         # An expiry on a path without recent loss, or with a filling queue, is more likely a
         # late ack than a lost message (the "always" policy has no such view: it resends).
-        mode = link_update(&self.link, now) if self.adaptive else LINK_LOSSY
+        mode = link_update(&self.link, &self.settings.link, now) if self.settings.adaptive else LINK_LOSSY
         for i in range(self.channel_count):
             channel = self.send_channel(i)
             deadline = channel.next_deadline()
@@ -872,7 +884,7 @@ cdef class Peer:
             return min(self.next_handshake_at, self.created_at + self.connect_timeout)
         if self.block_ack_owed():
             return 0.0
-        deadline = min(self.last_receive_at + self.peer_timeout, self.last_send_at + self.heartbeat_interval)
+        deadline = min(self.last_receive_at + self.settings.peer_timeout, self.last_send_at + self.settings.heartbeat_interval)
         if self.ack_due >= 0.0:
             deadline = min(deadline, self.ack_due)
         # Work waiting only for the ack window is due when the window reopens; acks that open
@@ -889,7 +901,7 @@ cdef class Peer:
             d = self.block_out.next_resend(self.rtt.rto)
             if self.block_out.has_unsent():
                 # Unsent slices go as soon as the window and the pacing budget allow.
-                token_ready = self.tokens_at + max(0.0, -self.tokens) / self.send_rate
+                token_ready = self.tokens_at + max(0.0, -self.tokens) / self.settings.send_rate
                 d = max(ready, token_ready) if d < 0.0 else min(d, max(ready, token_ready))
             if d >= 0.0:
                 deadline = min(deadline, d)
@@ -928,7 +940,7 @@ cdef class Peer:
             duplicates += receiver.duplicates
         return dict(
             rtt=self.rtt.srtt, rtt_variance=self.rtt.rttvar, rto=self.rtt.rto, loss=self.loss,
-            redundancy_mode=MODE_NAMES[self.link.mode] if self.adaptive else "always",
+            redundancy_mode=MODE_NAMES[self.link.mode] if self.settings.adaptive else "always",
             burst_length=link_burst_length(&self.link),
             min_rtt=max(self.link.min_rtt, 0.0), queue_delay=max(self.link.queue_delay, 0.0),
             packets_sent=self.packets_sent,

@@ -27,17 +27,21 @@ cdef struct LinkState:
     double congested_until      # congested mode holds until then
     unsigned long long congestion_episodes
     int mode                    # LINK_*: as of the last link_update
-    # Settings (EndpointConfig).
+
+cdef struct LinkSettings:
+    # EndpointConfig's, shared by an endpoint's peers (peer.PeerSettings).
     unsigned int loss_memory
     double burst_threshold
     double congestion_delay
     double congestion_hold
     double min_rtt_window
 
-cdef void link_init(LinkState* s, unsigned int loss_memory, double burst_threshold,
-                    double congestion_delay, double congestion_hold, double min_rtt_window,
-                    double now) noexcept nogil
-cdef void link_judged(LinkState* s, bint lost) noexcept nogil
-cdef void link_rtt(LinkState* s, double sample, double srtt, double now) noexcept nogil
-cdef int link_update(LinkState* s, double now) noexcept nogil
+cdef void link_settings(LinkSettings* c, unsigned int loss_memory, double burst_threshold,
+                        double congestion_delay, double congestion_hold,
+                        double min_rtt_window) noexcept nogil
+cdef void link_init(LinkState* s, double now) noexcept nogil
+cdef void link_judged(LinkState* s, const LinkSettings* c, bint lost) noexcept nogil
+cdef void link_rtt(LinkState* s, const LinkSettings* c, double sample, double srtt,
+                   double now) noexcept nogil
+cdef int link_update(LinkState* s, const LinkSettings* c, double now) noexcept nogil
 cdef double link_burst_length(const LinkState* s) noexcept nogil

@@ -29,9 +29,17 @@ cdef int CONGESTION_SAMPLES = 2
 MODE_NAMES = ("clean", "lossy", "bursty", "congested")
 
 
-cdef void link_init(LinkState* s, unsigned int loss_memory, double burst_threshold,
-                    double congestion_delay, double congestion_hold, double min_rtt_window,
-                    double now) noexcept nogil:
+cdef void link_settings(LinkSettings* c, unsigned int loss_memory, double burst_threshold,
+                        double congestion_delay, double congestion_hold,
+                        double min_rtt_window) noexcept nogil:
+    c.loss_memory = loss_memory
+    c.burst_threshold = burst_threshold
+    c.congestion_delay = congestion_delay
+    c.congestion_hold = congestion_hold
+    c.min_rtt_window = min_rtt_window
+
+
+cdef void link_init(LinkState* s, double now) noexcept nogil:
     s.loss = 0.0
     s.loss_after_loss = 0.0
     s.previous_lost = False
@@ -47,14 +55,9 @@ cdef void link_init(LinkState* s, unsigned int loss_memory, double burst_thresho
     s.congested_until = -1.0
     s.congestion_episodes = 0
     s.mode = LINK_LOSSY
-    s.loss_memory = loss_memory
-    s.burst_threshold = burst_threshold
-    s.congestion_delay = congestion_delay
-    s.congestion_hold = congestion_hold
-    s.min_rtt_window = min_rtt_window
 
 
-cdef void link_judged(LinkState* s, bint lost) noexcept nogil:
+cdef void link_judged(LinkState* s, const LinkSettings* c, bint lost) noexcept nogil:
     """One of our datagrams judged by the acks (in send order): received or lost. Each average
     is a plain mean until it has as many samples as its EWMA remembers, so the two start out
     comparable (a slow loss rate beside a quick one would make any early loss look bursty)."""
@@ -69,14 +72,15 @@ cdef void link_judged(LinkState* s, bint lost) noexcept nogil:
     s.previous_lost = lost
     if lost:
         s.since_loss = 0
-    elif s.since_loss < s.loss_memory:
+    elif s.since_loss < c.loss_memory:
         s.since_loss += 1
 
 
-cdef void link_rtt(LinkState* s, double sample, double srtt, double now) noexcept nogil:
+cdef void link_rtt(LinkState* s, const LinkSettings* c, double sample, double srtt,
+                   double now) noexcept nogil:
     """An RTT sample, and the smoothed RTT after it."""
     cdef double threshold
-    if now - s.window_start >= s.min_rtt_window:
+    if now - s.window_start >= c.min_rtt_window:
         # The floor forgets a path that got longer (a new route) within two windows.
         s.min_rtt = s.window_min if s.window_min < INFINITY else s.min_rtt
         s.window_min = INFINITY
@@ -88,7 +92,7 @@ cdef void link_rtt(LinkState* s, double sample, double srtt, double now) noexcep
     s.queue_delay = sample - s.min_rtt
     # Jitter moves single samples around the floor; a filling queue lifts sample after sample
     # past both a fixed margin and the floor itself (a queue longer than the path).
-    threshold = s.congestion_delay if s.congestion_delay > s.min_rtt else s.min_rtt
+    threshold = c.congestion_delay if c.congestion_delay > s.min_rtt else s.min_rtt
     if s.queue_delay <= threshold:
         s.high_samples = 0
         return
@@ -96,16 +100,16 @@ cdef void link_rtt(LinkState* s, double sample, double srtt, double now) noexcep
     if s.high_samples >= CONGESTION_SAMPLES:
         if s.congested_until < now:
             s.congestion_episodes += 1
-        s.congested_until = now + s.congestion_hold
+        s.congested_until = now + c.congestion_hold
 
 
-cdef int link_update(LinkState* s, double now) noexcept nogil:
+cdef int link_update(LinkState* s, const LinkSettings* c, double now) noexcept nogil:
     """The mode for ``now``, also kept in ``s.mode``."""
     if now < s.congested_until:
         s.mode = LINK_CONGESTED
-    elif s.since_loss >= s.loss_memory:
+    elif s.since_loss >= c.loss_memory:
         s.mode = LINK_CLEAN
-    elif s.loss_after_loss - s.loss >= s.burst_threshold:
+    elif s.loss_after_loss - s.loss >= c.burst_threshold:
         s.mode = LINK_BURSTY
     else:
         s.mode = LINK_LOSSY
@@ -120,21 +124,23 @@ cdef double link_burst_length(const LinkState* s) noexcept nogil:
 cdef class LinkModel:
     """The controller alone, driven from Python: for tests and the docs' examples."""
     cdef LinkState state
+    cdef LinkSettings settings
 
     def __init__(self, unsigned int loss_memory=128, double burst_threshold=0.2,
                  double congestion_delay=0.05, double congestion_hold=5.0,
                  double min_rtt_window=10.0, double now=0.0):
-        link_init(&self.state, loss_memory, burst_threshold, congestion_delay, congestion_hold,
-                  min_rtt_window, now)
+        link_settings(&self.settings, loss_memory, burst_threshold, congestion_delay,
+                      congestion_hold, min_rtt_window)
+        link_init(&self.state, now)
 
     def judged(self, bint lost):
-        link_judged(&self.state, lost)
+        link_judged(&self.state, &self.settings, lost)
 
     def rtt(self, double sample, double srtt, double now):
-        link_rtt(&self.state, sample, srtt, now)
+        link_rtt(&self.state, &self.settings, sample, srtt, now)
 
     def update(self, double now):
-        return MODE_NAMES[link_update(&self.state, now)]
+        return MODE_NAMES[link_update(&self.state, &self.settings, now)]
 
     @property
     def loss(self):

@@ -13,18 +13,16 @@ in the frame-sync thesis to beat ENet's doubling under loss) lives with the mess
 cdef double GRANULARITY = 0.002
 
 
-cdef void rtt_init(Rtt* r, double initial_rto, double rto_min, double rto_max,
+cdef void rtt_init(Rtt* r, const RttLimits* limits, double initial_rto,
                    double peer_ack_delay) noexcept nogil:
-    r.rto_min = rto_min
-    r.rto_max = rto_max
-    r.rto = min(max(initial_rto, rto_min), rto_max)
+    r.rto = min(max(initial_rto, limits.rto_min), limits.rto_max)
     r.srtt = 0.0
     r.rttvar = 0.0
     r.has_sample = False
     r.peer_ack_delay = peer_ack_delay
 
 
-cdef void rtt_add_sample(Rtt* r, double sample) noexcept nogil:
+cdef void rtt_add_sample(Rtt* r, const RttLimits* limits, double sample) noexcept nogil:
     if sample < 0.0:
         return
     if not r.has_sample:
@@ -34,18 +32,20 @@ cdef void rtt_add_sample(Rtt* r, double sample) noexcept nogil:
     else:
         r.rttvar = 0.75 * r.rttvar + 0.25 * abs(r.srtt - sample)
         r.srtt = 0.875 * r.srtt + 0.125 * sample
-    r.rto = min(max(r.srtt + max(4.0 * r.rttvar, GRANULARITY) + r.peer_ack_delay, r.rto_min),
-                r.rto_max)
+    r.rto = min(max(r.srtt + max(4.0 * r.rttvar, GRANULARITY) + r.peer_ack_delay, limits.rto_min),
+                limits.rto_max)
 
 
 cdef class RttEstimator:
     """One Rtt, for Python callers (tests): the same functions a peer uses."""
 
     def __init__(self, double initial_rto, double rto_min, double rto_max, double peer_ack_delay=0.0):
-        rtt_init(&self.state, initial_rto, rto_min, rto_max, peer_ack_delay)
+        self.limits.rto_min = rto_min
+        self.limits.rto_max = rto_max
+        rtt_init(&self.state, &self.limits, initial_rto, peer_ack_delay)
 
     def add_sample(self, double rtt):
-        rtt_add_sample(&self.state, rtt)
+        rtt_add_sample(&self.state, &self.limits, rtt)
 
     @property
     def srtt(self):
