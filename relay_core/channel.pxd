@@ -80,22 +80,25 @@ cdef struct OutMessage:
 
 
 cdef class SendChannel:
+    # What a queue, a write or an ack reads or writes on a clean stream, first: with the object's
+    # header, one cache line (a server touches a player's channel in every pass of a tick).
     cdef readonly int channel_id
     cdef readonly int mode
-    cdef object pending                 # payloads not yet admitted to the window
-    cdef Py_ssize_t pending_count       # len(pending), read without touching the deque
-    cdef int max_pending
     cdef uint16_t next_id
+    cdef readonly int overdue           # messages waiting to ride the stream's next datagram
+    cdef Py_ssize_t pending_count       # len(pending), read without touching the deque
     cdef readonly uint64_t messages_sent
-    cdef readonly uint64_t resends
     cdef readonly uint64_t redundant_bytes
+    # What a lossy stream or a full window adds.
+    cdef object pending                 # payloads not yet admitted to the window
+    cdef int max_pending
+    cdef readonly bint failed           # a message passed the resend or RTO limit
+    cdef readonly uint64_t resends
     cdef readonly uint64_t fast_resends     # resends on an ack-gap loss signal (not RTO expiries)
     # Resends for nothing: the acknowledged datagram was sent before the message's last resend
     # (the message was late, or its ack was lost). All of its resends when that datagram was its
     # first send; else the last one (a lower bound).
     cdef readonly uint64_t spurious_resends
-    cdef readonly bint failed           # a message passed the resend or RTO limit
-    cdef readonly int overdue           # messages waiting to ride the stream's next datagram
 
     cdef bint queue(self, bytes payload)
     cdef bint has_unsent(self)
@@ -118,31 +121,32 @@ cdef class UnreliableSendChannel(SendChannel):
 
 
 cdef class ReliableSendChannel(SendChannel):
-    cdef int window
     # Message id i in flight is msgs[i & (capacity - 1)] (a power of two, grown up to window),
     # which names the id it holds: no separate table of ids, no list of payloads.
     cdef OutMessage* msgs
     cdef int capacity
-    cdef list fragment_acks             # None, or bytearray of per-fragment ack flags, by slot
+    cdef int window
     cdef uint16_t oldest                # oldest unacked message id (== next_id when empty)
+    # Set when an ack retired the message that may have held earliest_deadline: next_deadline
+    # finds the true earliest among the rest before answering. Left stale, an acked message's
+    # RTO woke the server once per message (a lockstep frame: once per player and tick) to find
+    # nothing due.
+    cdef uint8_t deadline_stale
+    # The stream: when the latest new message was first sent, and the smoothed time between
+    # datagrams that carried new ones (redundant channels: where an RTO resend can ride).
+    cdef uint8_t rides_stream
     cdef int unsent                     # in-window messages with needs_write
+    cdef double earliest_deadline
+    cdef double last_new_at
+    cdef double stream_interval
+    # Fragmented messages and the limits of a lossy stream.
+    cdef list fragment_acks             # None, or bytearray of per-fragment ack flags, by slot
     cdef int fragments_in_flight
     cdef int max_fragments_in_flight
     cdef Py_ssize_t fragment_size
     cdef Py_ssize_t whole_limit
     cdef int max_resends
     cdef double rto_limit
-    cdef double earliest_deadline
-    # Set when an ack retired the message that may have held earliest_deadline: next_deadline
-    # finds the true earliest among the rest before answering. Left stale, an acked message's
-    # RTO woke the server once per message (a lockstep frame: once per player and tick) to find
-    # nothing due.
-    cdef bint deadline_stale
-    # The stream: when the latest new message was first sent, and the smoothed time between
-    # datagrams that carried new ones (redundant channels: where an RTO resend can ride).
-    cdef bint rides_stream
-    cdef double last_new_at
-    cdef double stream_interval
 
     cdef void admit(self)
     cdef bint _admits(self, bytes payload) except -1
@@ -168,12 +172,13 @@ cdef class ReceiveChannel:
 
 
 cdef class OrderedReceiveChannel(ReceiveChannel):
+    # What a message in order reads and writes, in the object's first cache line.
+    cdef uint16_t next_expected
     cdef int window
     cdef SequenceBuffer slots           # None until something is held out of order
     cdef list held                      # bytes (complete) or PartialMessage per slot
     cdef Py_ssize_t* charged            # what a complete held message costs, charged to budget
     cdef Py_ssize_t storage_charged     # what slots, held and charged cost, charged to budget
-    cdef uint16_t next_expected
     cdef MemoryBudget budget
     cdef Py_ssize_t max_message_size
 
