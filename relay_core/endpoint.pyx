@@ -1101,7 +1101,7 @@ cdef class Endpoint:
             counts[i] = 0
         for peer in self.peers.values():
             if peer.state == STATE_CONNECTED:
-                counts[peer.link.mode if peer.settings.adaptive else LINK_MODES] += 1
+                counts[peer.link.mode if peer.settings.s.adaptive else LINK_MODES] += 1
         out = {name: counts[i] for i, name in enumerate(MODE_NAMES)}
         out["always"] = counts[LINK_MODES]
         return out

@@ -87,7 +87,7 @@ cdef class Peer:
     cdef readonly int state
     cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
     cdef int channel_count
-    cdef const PeerSettings* settings       # its endpoint's (settings_owner's)
+    cdef SharedSettings settings            # its endpoint's (settings.s: fields at a fixed offset)
     cdef readonly uint32_t session_id
     cdef uint32_t redundant_mask            # bit i: channel i is redundant
     cdef uint8_t dirty                      # in the endpoint's list of peers to flush
@@ -168,7 +168,6 @@ cdef class Peer:
     cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
 
     # Cold: the handshake, token claims, path validation, the loss estimate
-    cdef SharedSettings settings_owner
     cdef list send_channels             # every channel's; channel_at has the first ones
     cdef list recv_channels
     cdef readonly object address
@@ -225,7 +224,7 @@ cdef class Peer:
     cdef inline bint copies_on(self) noexcept:
         """Whether redundant channels write copies now: always under the "always" policy,
         under "adaptive" unless the controller's last word was "clean"."""
-        return not self.settings.adaptive or self.link.mode != LINK_CLEAN
+        return not self.settings.s.adaptive or self.link.mode != LINK_CLEAN
 
     cdef inline bint block_ack_owed(self):
         """block_in owes the peer a BLOCK_ACK."""

@@ -166,8 +166,7 @@ cdef class Peer:
                  uint32_t connect_id, MemoryBudget block_budget not None, int reserve=0,
                  object token=None, SharedSettings settings=None):
         cdef int n, i
-        self.settings_owner = SharedSettings(config) if settings is None else settings
-        self.settings = &self.settings_owner.s
+        self.settings = SharedSettings(config) if settings is None else settings
         self.peer_id = peer_id
         self.queued_deadline = -1.0
         self.schedule_cell = -1
@@ -210,7 +209,7 @@ cdef class Peer:
         link_init(&self.link, now)
 
         # The handshake replaces this with the ack delay the peer announces.
-        rtt_init(&self.rtt, &self.settings.rtt_limits, config.rto_initial, config.ack_delay)
+        rtt_init(&self.rtt, &self.settings.s.rtt_limits, config.rto_initial, config.ack_delay)
         # Everything this peer holds counts against its own cap and, through the parent,
         # against the endpoint's receive budget (the block budget's parent).
         self.reassembly = MemoryBudget(config.reassembly_limit, block_budget.parent)
@@ -241,7 +240,7 @@ cdef class Peer:
         self.last_send_at = now
         self.last_receive_at = now
         self.ack_due = -1.0
-        self.tokens = self.settings.token_capacity
+        self.tokens = self.settings.s.token_capacity
         self.tokens_at = now
 
     def __dealloc__(self):
@@ -496,7 +495,7 @@ cdef class Peer:
         if status == 0:
             self.record_received(h.seq, h.send_time, now)
             if has_records and self.ack_due < 0.0:
-                self.ack_due = now + self.settings.ack_delay
+                self.ack_due = now + self.settings.s.ack_delay
         return status
 
     cdef bint _sink_takes(self, MessageSink sink, bytes payload, double now):
@@ -567,9 +566,9 @@ cdef class Peer:
             # echo_time is our send_time plus the time the peer held our packet (PROTOCOL.md).
             sample = (<uint16_t>(time_ms16(now) - h.echo_time)) / 1000.0
             if sample < 60.0:
-                rtt_add_sample(&self.rtt, &self.settings.rtt_limits, sample)
-                link_rtt(&self.link, &self.settings.link, sample, self.rtt.srtt, now)
-            if self.settings.adaptive:
+                rtt_add_sample(&self.rtt, &self.settings.s.rtt_limits, sample)
+                link_rtt(&self.link, &self.settings.s.link, sample, self.rtt.srtt, now)
+            if self.settings.s.adaptive:
                 self.detect_gaps(h.ack, now)
         # Packets 32 or more behind the newest ack can never be acked again: count them. Those
         # of the last 64 (all of them, acking every datagram; sent_packet_buffer >= 64 holds
@@ -617,7 +616,7 @@ cdef class Peer:
         never, and arriving after a packet sent that much later is beyond the path's jitter."""
         cdef SentPacket* packet
         cdef double newest_sent = self.sent_packet(newest).time     # process_acks checked it
-        cdef double window = max(self.settings.reorder_tolerance, 4.0 * self.rtt.rttvar)
+        cdef double window = max(self.settings.s.reorder_tolerance, 4.0 * self.rtt.rttvar)
         if seq_diff(newest, self.gap_cursor) > self.sent_size:
             self.gap_cursor = <uint16_t>(newest - self.sent_size)
         while seq_diff(newest, self.gap_cursor) > 0:
@@ -625,9 +624,9 @@ cdef class Peer:
             if packet != NULL:
                 if newest_sent - packet.time <= window and (
                         seq_diff(newest, self.gap_cursor) < REORDER_PACKETS
-                        or newest_sent - packet.time <= self.settings.reorder_tolerance):
+                        or newest_sent - packet.time <= self.settings.s.reorder_tolerance):
                     return
-                link_judged(&self.link, &self.settings.link, not packet.acked)
+                link_judged(&self.link, &self.settings.s.link, not packet.acked)
                 if not packet.acked:
                     self.on_packet_lost(packet, now)
             self.gap_cursor += 1
@@ -664,7 +663,7 @@ cdef class Peer:
 
     cdef void refill(self, double now):
         if now > self.tokens_at:
-            self.tokens = min(self.settings.token_capacity, self.tokens + (now - self.tokens_at) * self.settings.send_rate)
+            self.tokens = min(self.settings.s.token_capacity, self.tokens + (now - self.tokens_at) * self.settings.s.send_rate)
             self.tokens_at = now
 
     cdef bint window_open(self, double now):
@@ -678,7 +677,7 @@ cdef class Peer:
     cdef bint must_send(self, double now):
         """An ack, block ack or heartbeat is due: a datagram goes out even past the window."""
         return ((self.ack_due >= 0.0 and now >= self.ack_due) or self.block_ack_owed()
-                or now - self.last_send_at >= self.settings.heartbeat_interval)
+                or now - self.last_send_at >= self.settings.s.heartbeat_interval)
 
     cdef bint wants_send(self, double now):
         cdef int i
@@ -703,7 +702,7 @@ cdef class Peer:
         endpoint's address index). ``buf``: scratch of at least mtu bytes."""
         cdef int k, i
         cdef SentPacket* packet
-        cdef Py_ssize_t pos, end = self.settings.mtu - self.reserve
+        cdef Py_ssize_t pos, end = self.settings.s.mtu - self.reserve
         cdef DataHeader h
         cdef bytes datagram
         cdef SendChannel channel
@@ -714,29 +713,29 @@ cdef class Peer:
         cdef uint8_t* sealed_out
         cdef uint8_t* scratch = buf
         cdef bint in_box = box != NULL and self.address_key != 0
-        cdef Py_ssize_t budget = self.settings.redundancy_budget
+        cdef Py_ssize_t budget = self.settings.s.redundancy_budget
         # always: every unacked message in every datagram. adaptive: as the controller's mode
         # says (PROTOCOL.md 12.5): none on a clean path; on a lossy one a bounded number per
         # message, the first in the next datagram and the others only where an ack is overdue;
         # on a bursty one every datagram until acked, as always; on a congested one fewer.
-        cdef int mode = (link_update(&self.link, &self.settings.link, now) if self.settings.adaptive
+        cdef int mode = (link_update(&self.link, &self.settings.s.link, now) if self.settings.s.adaptive
                          else LINK_BURSTY)
-        cdef int prompt_copies = self.settings.prompt_copies
-        cdef bint copies = mode != LINK_CLEAN and (mode != LINK_CONGESTED or self.settings.congested_copies > 0)
-        cdef int max_copies = (self.settings.redundancy_copies if mode == LINK_LOSSY else
-                               self.settings.congested_copies if mode == LINK_CONGESTED else 0)
+        cdef int prompt_copies = self.settings.s.prompt_copies
+        cdef bint copies = mode != LINK_CLEAN and (mode != LINK_CONGESTED or self.settings.s.congested_copies > 0)
+        cdef int max_copies = (self.settings.s.redundancy_copies if mode == LINK_LOSSY else
+                               self.settings.s.congested_copies if mode == LINK_CONGESTED else 0)
         # When the ack of a send that arrived is due back: SRTT excludes the peer's ack hold.
-        cdef double late_copy = (self.settings.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
-                                 if self.rtt.has_sample else self.settings.copy_wait * self.rtt.rto)
+        cdef double late_copy = (self.settings.s.copy_wait * self.rtt.srtt + self.rtt.peer_ack_delay
+                                 if self.rtt.has_sample else self.settings.s.copy_wait * self.rtt.rto)
         if self.state != STATE_CONNECTED:
             self.flush_handshake(now, out)
             return 0
         if not self.wants_send(now):
             return 0
         self.refill(now)
-        for k in range(self.settings.max_datagrams):
+        for k in range(self.settings.s.max_datagrams):
             # Written where it goes out from, unless it is sealed afterwards.
-            buf = outbox_reserve(box, self.settings.mtu) if in_box and not self.sealed else scratch
+            buf = outbox_reserve(box, self.settings.s.mtu) if in_box and not self.sealed else scratch
             self.stamp += 1
             self.keep_unacked_units()
             units_start = self.units.head
@@ -857,11 +856,11 @@ cdef class Peer:
             return "connect_timeout" if now - self.created_at >= self.connect_timeout else None
         if self.state != STATE_CONNECTED:
             return None
-        if now - self.last_receive_at >= self.settings.peer_timeout:
+        if now - self.last_receive_at >= self.settings.s.peer_timeout:
             return "timeout"
         # An expiry on a path without recent loss, or with a filling queue, is more likely a
         # late ack than a lost message (the "always" policy has no such view: it resends).
-        mode = link_update(&self.link, &self.settings.link, now) if self.settings.adaptive else LINK_LOSSY
+        mode = link_update(&self.link, &self.settings.s.link, now) if self.settings.s.adaptive else LINK_LOSSY
         for i in range(self.channel_count):
             channel = self.send_channel(i)
             deadline = channel.next_deadline()
@@ -884,7 +883,7 @@ cdef class Peer:
             return min(self.next_handshake_at, self.created_at + self.connect_timeout)
         if self.block_ack_owed():
             return 0.0
-        deadline = min(self.last_receive_at + self.settings.peer_timeout, self.last_send_at + self.settings.heartbeat_interval)
+        deadline = min(self.last_receive_at + self.settings.s.peer_timeout, self.last_send_at + self.settings.s.heartbeat_interval)
         if self.ack_due >= 0.0:
             deadline = min(deadline, self.ack_due)
         # Work waiting only for the ack window is due when the window reopens; acks that open
@@ -901,7 +900,7 @@ cdef class Peer:
             d = self.block_out.next_resend(self.rtt.rto)
             if self.block_out.has_unsent():
                 # Unsent slices go as soon as the window and the pacing budget allow.
-                token_ready = self.tokens_at + max(0.0, -self.tokens) / self.settings.send_rate
+                token_ready = self.tokens_at + max(0.0, -self.tokens) / self.settings.s.send_rate
                 d = max(ready, token_ready) if d < 0.0 else min(d, max(ready, token_ready))
             if d >= 0.0:
                 deadline = min(deadline, d)
@@ -940,7 +939,7 @@ cdef class Peer:
             duplicates += receiver.duplicates
         return dict(
             rtt=self.rtt.srtt, rtt_variance=self.rtt.rttvar, rto=self.rtt.rto, loss=self.loss,
-            redundancy_mode=MODE_NAMES[self.link.mode] if self.settings.adaptive else "always",
+            redundancy_mode=MODE_NAMES[self.link.mode] if self.settings.s.adaptive else "always",
             burst_length=link_burst_length(&self.link),
             min_rtt=max(self.link.min_rtt, 0.0), queue_delay=max(self.link.queue_delay, 0.0),
             packets_sent=self.packets_sent,
