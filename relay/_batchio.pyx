@@ -391,8 +391,9 @@ cdef class BatchSocket:
             for i in range(r):
                 if self.in_place:
                     # The peers are cold: while this datagram is handled, ask for the index slot
-                    # four datagrams ahead, the peer three ahead, what its fields point to
-                    # (channels, packet rings, its room member) two ahead, its send windows one.
+                    # four datagrams ahead, the peer's first line three ahead, and for a peer
+                    # whose datagram is handled at once (not held for its room's pass: see
+                    # Endpoint.bind_sink) its hot lines two ahead, what they point to one.
                     if i + 4 < r:
                         admission.prefetch_slot(&self.raddrs[i + 4])
                     if i + 3 < r:

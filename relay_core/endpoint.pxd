@@ -26,12 +26,32 @@ cdef struct DueEntry:
     uint64_t generation                 # live while its cell's generation is still this
 
 
+cdef struct HeldDatagram:
+    # A grouped peer's DATA, held until its group is run (Endpoint.run_group); its bytes follow
+    # the record, and records lie 8-byte aligned one after another in the endpoint's buffer.
+    Py_ssize_t next                     # offset of the group's next record; -1: the last
+    double arrived                      # its arrival time, at which the core then takes it
+    Py_ssize_t length
+    int peer_id                         # the peer, found again by id when run (it may be gone)
+    uint32_t session_id
+
+
 cdef class Endpoint:
     cdef readonly object config
     cdef dict peers_by_address
     # The same peers in C, by raw_address_key (open addressing, linear probing): receive_raw
     # finds a DATA packet's peer from the sockaddr recvmmsg wrote, with no Python object.
     cdef Outbox outbox                  # flush_in_place's DATA (zeroed with the object)
+    cdef bint outbox_handed_out         # its DATA went to flush_in_place's caller: the next write starts it anew
+    cdef bint flushes_in_place          # the caller takes DATA from the outbox (flush_in_place)
+    # Grouped peers' DATA waiting for their group's run, in arrival order per group: one buffer
+    # of HeldDatagram records, and each group's first and last record (offsets; -1: none).
+    cdef uint8_t* held
+    cdef Py_ssize_t held_used
+    cdef Py_ssize_t held_capacity
+    cdef Py_ssize_t* group_first
+    cdef Py_ssize_t* group_last
+    cdef int group_capacity
     cdef AddressSlot* address_slots
     cdef Py_ssize_t address_mask        # capacity - 1 (a power of two)
     cdef Py_ssize_t address_count
@@ -133,6 +153,11 @@ cdef class Endpoint:
     cdef void _receive(self, bytes datagram, object address, double now)
     cdef bint receive_raw(self, const uint8_t* p, Py_ssize_t n, const void* address, double now) except -1
     cdef int _on_peer_data(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1
+    cdef int _hold(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1
+    cdef int _run_group(self, int group) except -1
+    cdef int _run_held(self) except -1
+    cdef int _grow_groups(self, int group) except -1
+    cdef Outbox* _writable_outbox(self) noexcept
     cdef int _index(self, Peer peer) except -1
     cdef int _grow_index(self) except -1
     cdef void _unindex(self, Peer peer) noexcept

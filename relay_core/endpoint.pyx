@@ -111,6 +111,9 @@ cdef enum:
     DUE_PREFETCH_AHEAD = 4
     # send_many asks for all its peers first when they are at most this many (a room).
     SEND_MANY_PREFETCH = 64
+    # Grouped peers' DATA held at most (the records and their bytes): past it, everything held
+    # is taken at once, so a flood from a player's address costs what it did before, no memory.
+    MAX_HELD_BYTES = 4 << 20
 
 
 cdef uint64_t raw_address_key(const void* address) noexcept nogil:
@@ -356,6 +359,9 @@ cdef class Endpoint:
             self.drop_counts[i] = 0
 
     def __dealloc__(self):
+        PyMem_Free(self.held)
+        PyMem_Free(self.group_first)
+        PyMem_Free(self.group_last)
         PyMem_Free(self.outbox.data)
         PyMem_Free(self.outbox.items)
         PyMem_Free(self.address_slots)
@@ -417,15 +423,21 @@ cdef class Endpoint:
         self.output_pending = True
         return peer.queue_message(channel, payload)
 
-    def send_many(self, peer_ids, int channel, bytes payload):
+    def send_many(self, peer_ids, int channel, bytes payload, double now=-1.0):
         """``send`` of one payload to many peers (a room's frame to its members) in one call.
 
         Peers that are gone or closing are skipped, as ``send`` would refuse them. Returns the
         ids of connected peers whose channel queue was full (``max_pending``), in order.
+        With ``now`` (>= 0), each peer is also flushed at ``now`` right after its message is
+        queued, while its state is in cache: what it has to send goes out with the next
+        datagrams_to_send or flush_in_place, which do not visit it again.
         """
         cdef Peer peer
         cdef SendChannel sender
         cdef list refused = []
+        cdef Outbox* box = NULL
+        if now >= 0.0 and self.flushes_in_place:
+            box = self._writable_outbox()
         if not 0 <= channel < len(self.size_limits):
             raise ValueError(f"channel {channel} does not exist (0..{len(self.size_limits) - 1})")
         limit, advice = self.size_limits[channel]
@@ -446,11 +458,16 @@ cdef class Endpoint:
             if unreliable and size > largest - peer.reserve:
                 raise ValueError(f"message of {size} bytes on channel {channel} {advice} "
                                  f"({largest - peer.reserve} bytes)")
-            self._touch(peer)
-            self.output_pending = True
             sender = peer.send_channel(channel)
             if not sender.queue(payload) and peer.state == STATE_CONNECTED:
                 refused.append(peer_id)
+            if now >= 0.0:
+                peer.dirty = False      # its entry in the dirty list, if any, is passed over
+                self._visit(peer, now, self.control_out, box)
+                self.output_pending = True
+            else:
+                self._touch(peer)
+                self.output_pending = True
         return refused
 
     cdef void _prefetch_recipients(self, list peer_ids, int channel):
@@ -500,6 +517,7 @@ cdef class Endpoint:
         """
         if reason not in REASON_CODES:
             raise ValueError(f"unknown reason {reason!r}; allowed: {', '.join(REASON_CODES)}")
+        self._run_held()        # what arrived before the call is taken before the DISCONNECT
         cdef Peer peer = self.peers.get(peer_id)
         if peer is None:
             return False
@@ -571,6 +589,7 @@ cdef class Endpoint:
                     # Maybe a connected peer whose address changed (NAT rebinding, new network).
                     migrating = self.sessions.get(read_session_id(p))
                     if migrating is not None and (<Peer>migrating).state == STATE_CONNECTED:
+                        self._run_held()        # its datagrams from the old address first
                         self._on_data_from_new_address(migrating, p, n, datagram, address, now)
                         self.output_pending = True
                         return
@@ -579,17 +598,24 @@ cdef class Endpoint:
                 else:
                     self.drop_counts[DROP_WRONG_SESSION] += 1
                 return
-            self._on_peer_data(peer, p, n, now)
+            if peer.group >= 0:
+                self._hold(peer, p, n, now)
+            else:
+                self._on_peer_data(peer, p, n, now)
             return
         if ptype == PT_CONNECT_REQUEST:
             self._on_connect_request(p, n, datagram, address, now)
             return
         if ptype == PT_CONNECT_RESPONSE:
             self._on_connect_response(p, n, datagram, address, now)
-        elif ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
-            self._on_path_packet(ptype, p, n, datagram, address, now)
         else:
-            self._on_server_reply(ptype, p, n, datagram, address, now)
+            # Path checks and DISCONNECTs may move or end a connection: what a grouped peer
+            # sent before them is taken first.
+            self._run_held()
+            if ptype == PT_PATH_CHALLENGE or ptype == PT_PATH_RESPONSE:
+                self._on_path_packet(ptype, p, n, datagram, address, now)
+            else:
+                self._on_server_reply(ptype, p, n, datagram, address, now)
         peer = self.peers_by_address.get(address)
         if peer is not None:
             self._touch(peer)
@@ -622,8 +648,112 @@ cdef class Endpoint:
         if (peer is None or peer.state != STATE_CONNECTED or read_session_id(p) != peer.session_id
                 or not same_address(peer.raw_address, address)):
             return False
-        self._on_peer_data(peer, p, n, now)
+        if peer.group >= 0:
+            self._hold(peer, p, n, now)
+        else:
+            self._on_peer_data(peer, p, n, now)
         return True
+
+    # -- grouped peers: DATA held for its group's run -------------------------------------------
+    #
+    # A relay room's players each send a datagram a tick and get one back. Handled as it
+    # arrives, each player's state is brought into the cache once for its datagram and again,
+    # after thousands of other players, for its room's frame and its flush. Held until its
+    # room's turn in the tick (run_group), the datagram is handled, the frame queued and the
+    # player flushed (send_many with ``now``) one right after the other, while its state is in
+    # cache. A held datagram is taken as of its arrival time, so RTT samples and input timing
+    # are as before; whatever may observe or change a peer otherwise (a flush, due timers, a
+    # disconnect, a path check, a packet from a new address) first takes everything held.
+
+    cdef int _hold(self, Peer peer, const uint8_t* p, Py_ssize_t n, double now) except -1:
+        cdef Py_ssize_t size = (sizeof(HeldDatagram) + n + 7) & ~(<Py_ssize_t>7)
+        cdef Py_ssize_t at, capacity
+        cdef uint8_t* grown
+        cdef HeldDatagram* record
+        cdef int group = peer.group
+        if self.held_used + size > MAX_HELD_BYTES:
+            self._run_held()
+        at = self.held_used
+        if at + size > self.held_capacity:
+            capacity = max(65536, 2 * self.held_capacity, at + size)
+            grown = <uint8_t*>PyMem_Realloc(self.held, capacity)
+            if grown == NULL:
+                raise MemoryError()
+            self.held = grown
+            self.held_capacity = capacity
+        record = <HeldDatagram*>(self.held + at)
+        record.next = -1
+        record.arrived = now
+        record.length = n
+        record.peer_id = peer.peer_id
+        record.session_id = peer.session_id
+        memcpy(self.held + at + sizeof(HeldDatagram), p, n)
+        self.held_used = at + size
+        if self.group_last[group] < 0:
+            self.group_first[group] = at
+        else:
+            (<HeldDatagram*>(self.held + self.group_last[group])).next = at
+        self.group_last[group] = at
+        return 0
+
+    def run_group(self, int group):
+        """Take the DATA held for ``group`` (bind_sink), each as of its arrival, in arrival
+        order. Returns whether events are waiting (next_event) once it is done."""
+        if 0 <= group < self.group_capacity and self.group_first[group] >= 0:
+            self._run_group(group)
+        return len(self.events) > 0
+
+    cdef int _run_group(self, int group) except -1:
+        cdef Py_ssize_t at = self.group_first[group]
+        cdef HeldDatagram* record
+        cdef void* found
+        cdef Peer peer
+        self.group_first[group] = -1
+        self.group_last[group] = -1
+        # The group's peers at once (a room's players), so that their waits for memory overlap.
+        cdef Py_ssize_t ahead = at
+        while ahead >= 0:
+            record = <HeldDatagram*>(self.held + ahead)
+            found = self.id_slots[record.peer_id & self.id_mask]
+            if found != NULL:
+                (<Peer>found).prefetch()
+            ahead = record.next
+        while at >= 0:
+            record = <HeldDatagram*>(self.held + at)
+            at = record.next
+            peer = self._by_id(record.peer_id)
+            if peer is None or peer.state != STATE_CONNECTED or peer.session_id != record.session_id:
+                continue            # gone, or a new connection with the id since
+            self._on_peer_data(peer, <const uint8_t*>record + sizeof(HeldDatagram), record.length,
+                               record.arrived)
+        return 0
+
+    cdef int _run_held(self) except -1:
+        """Take everything held, group by group."""
+        cdef int group
+        if self.held_used == 0:
+            return 0
+        for group in range(self.group_capacity):
+            if self.group_first[group] >= 0:
+                self._run_group(group)
+        self.held_used = 0
+        return 0
+
+    cdef int _grow_groups(self, int group) except -1:
+        cdef int i, capacity = max(64, 2 * group + 2)
+        cdef Py_ssize_t* first = <Py_ssize_t*>PyMem_Realloc(self.group_first, capacity * sizeof(Py_ssize_t))
+        if first == NULL:
+            raise MemoryError()
+        self.group_first = first
+        cdef Py_ssize_t* last = <Py_ssize_t*>PyMem_Realloc(self.group_last, capacity * sizeof(Py_ssize_t))
+        if last == NULL:
+            raise MemoryError()
+        self.group_last = last
+        for i in range(self.group_capacity, capacity):
+            self.group_first[i] = -1
+            self.group_last[i] = -1
+        self.group_capacity = capacity
+        return 0
 
     # -- the address index ------------------------------------------------------------------
 
@@ -678,18 +808,25 @@ cdef class Endpoint:
     cdef void prefetch_sender(self, const void* address, int level) noexcept:
         """Ask for the memory of the connected peer at ``address``, if any, one level at a time,
         each after the one before had time to arrive (the first after ``prefetch_slot``): 0 its
-        hot lines, 1 what its fields point to, 2 its send windows' slots. The peer is borrowed
+        first line and its address (what receive_raw reads), then for a peer in no group (whose
+        datagram is handled at once, not held) 1 its hot lines, 2 what its fields point to
+        (channels, packet rings, its sink's context). The peer is borrowed
         from the index, not referenced: a reference would write the peer's first line, a wait
         for memory at the very stage meant to ask for it."""
         cdef void* peer = self._indexed_borrowed(raw_address_key(address))
         if peer == NULL:
             return
         if level == 0:
-            (<Peer>peer).prefetch()
+            # What receive_raw reads: the peer's first line and its address. A grouped peer's
+            # datagram is only held: the rest of it is asked for when its group runs.
+            relay_prefetch(peer)
+            relay_prefetch(<void*>(<Peer>peer).raw_address)
+        elif (<Peer>peer).group >= 0:
+            return
         elif level == 1:
-            (<Peer>peer).prefetch_state()
+            (<Peer>peer).prefetch()
         else:
-            (<Peer>peer).prefetch_windows()
+            (<Peer>peer).prefetch_state()
 
     cdef Peer _indexed(self, uint64_t key):
         """The indexed peer with this key, or None."""
@@ -820,11 +957,23 @@ cdef class Endpoint:
         outbox (``outbox``: its datagrams and their sockaddrs, valid until the next call) for
         sendmmsg to take from there; returns the rest (handshake replies, DISCONNECTs, peers at
         other addresses) as (bytes, address), which go out first."""
-        self.outbox.used = 0
-        self.outbox.count = 0
-        return self._flush(now, &self.outbox)
+        cdef Outbox* box = self._writable_outbox()
+        self.flushes_in_place = True
+        cdef list out = self._flush(now, box)
+        self.outbox_handed_out = True
+        return out
+
+    cdef Outbox* _writable_outbox(self) noexcept:
+        """The outbox to write DATA into: emptied first if its DATA went to flush_in_place's
+        caller since, else kept (send_many with ``now`` wrote in it since that flush)."""
+        if self.outbox_handed_out:
+            self.outbox.used = 0
+            self.outbox.count = 0
+            self.outbox_handed_out = False
+        return &self.outbox
 
     cdef list _flush(self, double now, Outbox* box):
+        self._run_held()
         cdef list out = self.control_out
         cdef Peer peer
         self.control_out = []
@@ -859,6 +1008,7 @@ cdef class Endpoint:
     def handle_timeout(self, double now):
         """Run every timer due at ``now`` (timeouts, RTO expiries, mode changes)."""
         cdef Peer peer
+        self._run_held()
         for peer in self._due_peers(now):
             if 0.0 <= self._timer_deadline(peer) <= now and self._run_timers(peer, now):
                 continue
@@ -908,6 +1058,8 @@ cdef class Endpoint:
             if i + DUE_PREFETCH_AHEAD < count:
                 relay_prefetch(<void*>peers[i + DUE_PREFETCH_AHEAD])
             peer = <Peer>peers[i]
+            if not peer.dirty:
+                continue                # flushed since it was listed (send_many with now)
             peer.dirty = False
             if peer.state < STATE_DISCONNECTING:
                 if kept != i:
@@ -1050,12 +1202,22 @@ cdef class Endpoint:
             self.due_heap = smaller
             self.due_capacity = capacity
 
-    def bind_sink(self, int peer_id, context):
+    def bind_sink(self, int peer_id, context, int group=-1):
         """Hand ``context`` with each of this peer's messages to the sink's ``take_bound``
-        (``None``: to ``take`` again). False when there is no such peer."""
+        (``None``: to ``take`` again), and hold its DATA for ``run_group(group)`` (-1: take it
+        as it arrives). The owner runs every group at least once per tick: anything else that
+        flushes the endpoint or runs its timers takes what is held first. False when there is
+        no such peer."""
+        if group < -1:
+            raise ValueError(f"group must be -1 or a group number, got {group}")
         cdef Peer peer = self.peers.get(peer_id)
         if peer is None:
             return False
+        if group != peer.group:
+            self._run_held()            # what it sent so far is taken under its old group
+            if group >= self.group_capacity:
+                self._grow_groups(group)
+            peer.group = group
         peer.sink_context = context
         return True
 

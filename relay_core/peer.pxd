@@ -87,6 +87,9 @@ cdef class Peer:
     cdef readonly int state
     cdef readonly int reserve               # record bytes kept free in every DATA packet for the tag
     cdef int channel_count
+    # >= 0: its DATA taken in place waits in the endpoint's group ``group`` until the group is
+    # run (Endpoint.run_group: a relay room's players, handled in its tick's pass); -1: at once.
+    cdef int group
     cdef SharedSettings settings            # its endpoint's (settings.s: fields at a fixed offset)
     cdef readonly uint32_t session_id
     cdef uint32_t redundant_mask            # bit i: channel i is redundant

@@ -168,6 +168,7 @@ cdef class Peer:
         cdef int n, i
         self.settings = SharedSettings(config) if settings is None else settings
         self.peer_id = peer_id
+        self.group = -1
         self.queued_deadline = -1.0
         self.schedule_cell = -1
         # Sizes are fixed when the channels are built, before a client knows whether the server

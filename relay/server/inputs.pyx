@@ -100,8 +100,11 @@ cdef class InputRouter(MessageSink):
         relay.server.room.Member) is bound to its peer, so they find it with no lookup."""
         self.room_of_peer[peer_id] = room
         if self.endpoint is not None:
-            self.endpoint.bind_sink(peer_id, member if member is not None and member.slot is not None
-                                    else None)
+            if member is not None and member.slot is not None:
+                # A player's DATA also waits for its room's turn in the tick (Room.group).
+                self.endpoint.bind_sink(peer_id, member, room.group)
+            else:
+                self.endpoint.bind_sink(peer_id, None)
 
     def unseat(self, int peer_id):
         """``peer_id`` is in no room (any more); nothing if it was in none."""

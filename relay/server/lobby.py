@@ -155,6 +155,10 @@ class Lobby:
         """Room id -> the source whose JOIN created it (counted rooms only, while alive)."""
         self.rooms_by_source: Counter = Counter()
         """Source -> its counted rooms alive now (relay_core.sources.source_key)."""
+        self._free_groups: list[int] = []
+        """The core's groups (Endpoint.bind_sink) of rooms removed, for the next rooms: a
+        room's players' DATA is held in its group until the room's turn in the tick."""
+        self._groups_used = 0
         # INPUTs go from the core straight into their rooms (the STREAM channel's message
         # sink); the router holds who is in which room, the lobby seats and unseats peers.
         self.inputs = InputRouter(self.endpoint)
@@ -369,6 +373,11 @@ class Lobby:
                     **room_options(self.settings, self.tick_rate, options))
         room.broadcast_frames = True        # one Endpoint.send_many per frame
         room.report_frames = self.report_frames
+        if self._free_groups:
+            room.group = self._free_groups.pop()
+        else:
+            room.group = self._groups_used
+            self._groups_used += 1
         self.rooms[room_id] = room
         self._report(room, "room_created", capacity=room.capacity, start_policy=room.start_policy,
                      start_players=room.start_players)
@@ -424,6 +433,9 @@ class Lobby:
         room.history.close()
         for peer_id in list(room.members):
             self.inputs.unseat(peer_id)
+        if room.group >= 0:
+            self._free_groups.append(room.group)
+            room.group = -1
         if self.draining and not self.rooms:
             self._report(None, "drained")
 
@@ -514,7 +526,8 @@ class Lobby:
         one to finish the match for) and forget ended ones. The rooms' common case (a frame and
         its events) is one compiled pass (``close_frames``); the rest is settled here."""
         closed, broadcast, synthesized, unsettled, failed = close_frames(
-            list(self.rooms.values()), now, self.endpoint.send_many, self.draining, self._reports)
+            list(self.rooms.values()), now, self.endpoint.send_many, self.draining, self._reports,
+            self.endpoint.run_group, self.handle_events)
         for room, peer_ids, size, error in failed:
             if error is not None:
                 self._not_queued(room, "broadcast", STREAM, peer_ids, size, error)

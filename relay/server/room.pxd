@@ -72,6 +72,7 @@ cdef class Room:
     cdef public bytes unsent_frame
     cdef public bint report_frames
     cdef readonly CloseTimes close_times
+    cdef public int group               # the core's group its players' DATA is held in (-1: none)
 
     cpdef bytes tick(self, double now)
 
@@ -118,4 +119,5 @@ cdef str accept_bound_input(object member, long long frame, bytes payload, long 
 @cython.locals(typed_room=Room, closed="long long", broadcast="long long",
                synthesized="long long", before="long long", unsettled=list, failed=list,
                frame=bytes)
-cpdef tuple close_frames(list rooms, double now, object send_many, bint draining, list reports)
+cpdef tuple close_frames(list rooms, double now, object send_many, bint draining, list reports,
+                         object run_group=*, object handle_events=*)

@@ -192,6 +192,7 @@ class Room:
         turns it off: one event per room and tick it would drop unread)."""
         self.started_at: Optional[float] = None
         self.close_times = CloseTimes()
+        self.group = -1                 # set by the lobby: Endpoint.bind_sink's group
         """When recent frames closed: inputs naming one as held are timed from then."""
 
     # -- queries ----------------------------------------------------------------------------
@@ -747,11 +748,19 @@ def accept_bound_input(member: Member, frame: int, payload: bytes, have: int,
     return typed_room.accept_member_input(typed_member, frame, payload, have, now)
 
 
-def close_frames(rooms: list, now: float, send_many, draining: bool, reports: list) -> tuple:
+def close_frames(rooms: list, now: float, send_many, draining: bool, reports: list,
+                 run_group=None, handle_events=None) -> tuple:
     """One tick of the server's rooms in one compiled pass: ``Room.tick`` for each of ``rooms``
     and, for a room with no actions waiting, its frame handed at once to ``send_many`` (the
     core's ``Endpoint.send_many``) on STREAM and its events appended to ``reports`` as
     (room, event), with no Python run per room.
+
+    With ``run_group`` (the core's ``Endpoint.run_group``), each room's players' held datagrams
+    are taken first (their inputs go into the room, their acks into the core) and the frame is
+    sent with ``send_many(..., now)``, which flushes each player right after it is queued: a
+    player's state is brought into the cache once per tick, not once per pass. Whatever events
+    that leaves waiting (a control message) go to ``handle_events(now)`` before the room's
+    frame closes, as they would have had they been taken on arrival.
 
     Returns (frames closed, members they went to, inputs synthesized, the rooms the server must
     settle itself, the frame sends that failed). A room to settle is one with actions waiting,
@@ -765,6 +774,8 @@ def close_frames(rooms: list, now: float, send_many, draining: bool, reports: li
     failed: list = []
     for typed_room in rooms:
         before = typed_room.synthesized_inputs
+        if run_group is not None and typed_room.group >= 0 and run_group(typed_room.group):
+            handle_events(now)
         if typed_room.tick(now) is not None:
             closed += 1
             broadcast += len(typed_room.members)
@@ -777,7 +788,8 @@ def close_frames(rooms: list, now: float, send_many, draining: bool, reports: li
         if frame is not None:
             typed_room.unsent_frame = None
             try:
-                refused = send_many(typed_room.frame_recipients, STREAM, frame)
+                refused = (send_many(typed_room.frame_recipients, STREAM, frame) if run_group is None
+                           else send_many(typed_room.frame_recipients, STREAM, frame, now))
             except ValueError as error:
                 failed.append((typed_room, typed_room.frame_recipients, len(frame), error))
                 continue

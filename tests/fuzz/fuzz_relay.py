@@ -404,11 +404,11 @@ class EndpointTap:
             self.queue_full += 1
         return queued
 
-    def send_many(self, peer_ids, channel, payload):
+    def send_many(self, peer_ids, channel, payload, now=-1.0):
         peer_ids = list(peer_ids)
         # Peers gone or closing are skipped silently; refused ones (a full queue) are returned.
         connected = [peer_id for peer_id in peer_ids if self._endpoint.is_connected(peer_id)]
-        refused = self._endpoint.send_many(peer_ids, channel, payload)
+        refused = self._endpoint.send_many(peer_ids, channel, payload, now)
         self.queue_full += len(refused)
         for peer_id in connected:
             if peer_id not in refused:
@@ -650,6 +650,11 @@ class RelayFuzz:
         self.group, self.general_outcomes = [], collections.Counter()
         try:
             server.endpoint.receive(data, conn.address, self.now)
+            # A room's players' DATA is held for the room's turn in the tick (Endpoint.bind_sink):
+            # taken here, as if that turn came next, so that what it resolves is this datagram's.
+            for room in list(server.rooms.values()):
+                if room.group >= 0:
+                    server.endpoint.run_group(room.group)
             server.on_datagrams(self.now)
         finally:
             group, self.group = self.group, None

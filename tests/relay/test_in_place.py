@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 
 import pytest
 
@@ -122,3 +123,51 @@ def test_connected_peers_data_goes_out_from_the_outbox(family, host):
     finally:
         server.close()
 
+
+
+@pytest.mark.parametrize("family,host", FAMILIES)
+def test_a_grouped_peers_data_waits_for_its_group_and_its_flush_goes_out_from_the_outbox(family, host):
+    """The relay's tick pass over a room: DATA taken in place from its players is held until
+    run_group, then send_many(..., now) writes each player's datagram into the outbox at once,
+    and the flush_in_place that follows keeps it there (one datagram per player, not two)."""
+    server = Server(family, host)
+    server.io.set_admission(server.endpoint, in_place=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            a_sock, b_sock = _sockets(stack, family, host, 2)
+            a, b = Endpoint(EndpointConfig(seed=3)), Endpoint(EndpointConfig(seed=4))
+            a_peer, now = connect_client(server, a, a_sock, family)
+            b_peer, now = connect_client(server, b, b_sock, family)
+            _messages(a)
+            _messages(b)
+            _messages(server.endpoint)
+            server.io.flush_in_place(now)           # the outbox handed out once, as the driver does
+            server_a = server.endpoint.indexed_peer(a_sock.getsockname())
+            server_b = server.endpoint.indexed_peer(b_sock.getsockname())
+            for peer in (server_a, server_b):
+                assert server.endpoint.bind_sink(peer, None, 0)
+            taken = server.io.taken_in_place
+            for client, peer, sock in ((a, a_peer, a_sock), (b, b_peer, b_sock)):
+                client.send(peer, 0, b"input")
+                for data, _ in client.datagrams_to_send(now):
+                    sock.sendto(data, server.address)
+            deadline = time.monotonic() + 1.0
+            while server.io.taken_in_place - taken < 2 and time.monotonic() < deadline:
+                assert server.io.recv(-1, now) == []            # read, no flush (pump flushes)
+                time.sleep(0.001)
+            assert server.io.taken_in_place - taken == 2
+            assert _messages(server.endpoint) == []             # held
+            assert server.endpoint.run_group(0)
+            assert sorted(_messages(server.endpoint)) == sorted([(server_a, b"input"), (server_b, b"input")])
+            assert server.endpoint.send_many([server_a, server_b], 0, b"frame", now) == []
+            assert server.io.outbox_count == 2                  # written in the room's turn
+            assert server.io.flush_in_place(now) == []
+            assert server.io.outbox_count == 2                  # kept, and no second datagram
+            assert server.io.send_outbox(0) == 2
+            for client, peer, sock in ((a, a_peer, a_sock), (b, b_peer, b_sock)):
+                data, _ = sock.recvfrom(2048)
+                client.receive(data, server.address, now)
+                assert _messages(client) == [(peer, b"frame")]
+            assert server.io.flush_in_place(now) == [] and server.io.outbox_count == 0
+    finally:
+        server.close()

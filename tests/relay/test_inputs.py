@@ -150,9 +150,11 @@ class BindingEndpoint:
 
     def __init__(self):
         self.bound: dict[int, object] = {}
+        self.groups: dict[int, int] = {}
 
-    def bind_sink(self, peer_id, context):
+    def bind_sink(self, peer_id, context, group=-1):
         self.bound[peer_id] = context
+        self.groups[peer_id] = group
         return True
 
 
@@ -160,6 +162,7 @@ def seated_room() -> tuple[InputRouter, BindingEndpoint, Room]:
     config = RelayConfig()
     config.rooms = dataclasses.replace(config.rooms, capacity=4, start_players=2)
     room = Room("r", config.rooms, 30, 0.0)
+    room.group = 5
     endpoint = BindingEndpoint()
     router = InputRouter(endpoint)
     for peer in (1, 2):
@@ -172,9 +175,12 @@ def seated_room() -> tuple[InputRouter, BindingEndpoint, Room]:
 def test_a_players_peer_is_bound_to_its_member_while_seated():
     router, endpoint, room = seated_room()
     assert endpoint.bound == {1: room.members[1], 2: room.members[2], 3: None}   # 3: a spectator
+    # A player's DATA is held for its room's turn in the tick; a spectator's is taken at once.
+    assert endpoint.groups == {1: 5, 2: 5, 3: -1}
     router.unseat(2)
     router.unseat(7)                            # in no room: nothing to unbind
     assert endpoint.bound[2] is None and 7 not in endpoint.bound
+    assert endpoint.groups[2] == -1
 
 
 def test_outcomes_count_every_input_across_runs_reads_and_clears():

@@ -967,8 +967,8 @@ class SendMany:
         self.calls: list = []
         self.refuse, self.error = list(refuse), error
 
-    def __call__(self, peer_ids, channel, payload):
-        self.calls.append((list(peer_ids), channel, payload))
+    def __call__(self, peer_ids, channel, payload, *now):
+        self.calls.append((list(peer_ids), channel, payload, *now))
         if self.error is not None:
             raise self.error
         return [p for p in peer_ids if p in self.refuse]
@@ -996,6 +996,30 @@ def test_close_frames_sends_each_rooms_frame_at_once_and_reports_its_events():
     before = a.room.synthesized_inputs
     closed, _, synthesized, _, _ = room_module.close_frames([a.room], 2.0, send_many, False, [])
     assert closed == 1 and synthesized == a.room.synthesized_inputs - before == 2   # this tick's only
+
+
+def test_close_frames_runs_each_rooms_group_first_and_its_events_before_the_frame_closes():
+    """With the core's run_group, a room's held datagrams are taken in its turn, the events
+    that leaves go to handle_events before the room's frame closes (as on arrival), and the
+    frame goes out with send_many(..., now): its players flushed at once."""
+    (a, _), (b, _), (idle, _) = broadcasting(), broadcasting(), broadcasting()
+    a.room.group, b.room.group = 4, 7               # idle: in no group, nothing to run
+    runs, handled = [], []
+
+    def run_group(group):
+        runs.append((group, a.room.open_frame, b.room.open_frame))
+        return group == 7                           # b's held datagrams left an event
+
+    def handle_events(now):
+        handled.append((now, b.room.open_frame))
+
+    send_many = SendMany()
+    closed, *_ = room_module.close_frames([a.room, b.room, idle.room], 1.0, send_many, False, [],
+                                          run_group, handle_events)
+    assert closed == 3
+    assert runs == [(4, 0, 0), (7, 1, 0)]           # each before its own room's frame
+    assert handled == [(1.0, 0)]                    # only after b's, before b's frame closed
+    assert [call[3] for call in send_many.calls] == [1.0, 1.0, 1.0]
 
 
 def test_close_frames_leaves_a_room_with_more_to_settle_to_the_server():
