@@ -592,6 +592,13 @@ cdef class BatchSocket:
         """Datagrams in the admission endpoint's outbox (the last flush_in_place's DATA)."""
         return self.admission.outbox.count if self.in_place else 0
 
+    @property
+    def outbox_written(self):
+        """Datagrams the admission endpoint wrote into its outbox since its last flush_in_place
+        (send_many with ``now``), not yet handed out by one: 0 when there are none."""
+        return (self.admission.outbox.count
+                if self.in_place and not self.admission.outbox_handed_out else 0)
+
     def send_outbox(self, Py_ssize_t start=0):
         """``send`` for the outbox's datagrams from ``start``, straight from its buffer; the same
         return value, counters and errors."""

@@ -272,6 +272,7 @@ class BatchedEndpointDriver:
         self._queue: list = []
         self._queue_head = 0
         self._writing = False
+        self._outbox_sent = 0               # the outbox's datagrams send_ready sent already
         self._flush_handle: Optional[asyncio.Handle] = None
         self._wake = WakeTimer(self.loop, self._on_timer)
         self.closed = asyncio.Event()
@@ -393,9 +394,21 @@ class BatchedEndpointDriver:
         self.on_events(now)         # timers run inside datagrams_to_send may have closed peers
         if sent:
             self.send(sent)
-        if in_place and self.io.outbox_count:
-            self._send_outbox()
+        if in_place and self.io.outbox_count > self._outbox_sent:
+            self._send_outbox(self._outbox_sent)
+        self._outbox_sent = 0       # the outbox is the core's again: the next write starts it anew
         self._arm_timer(now)
+
+    def send_ready(self) -> None:
+        """Send what the core wrote into its outbox since the last flush, ahead of that flush:
+        the relay's rooms' pass calls it every few rooms, so that the first rooms' frames
+        leave while the last ones are still being closed. The flush sends the rest."""
+        if self.is_closing or not self.io.in_place:
+            return
+        count = self.io.outbox_written      # 0 until the core writes in it after the last flush
+        if count > self._outbox_sent:
+            self._send_outbox(self._outbox_sent)
+            self._outbox_sent = count
 
     def _arm_timer(self, now: float) -> None:
         self._wake.arm(self.endpoint.next_timeout(), now)
@@ -417,12 +430,14 @@ class BatchedEndpointDriver:
         if start < len(datagrams):
             self._enqueue(datagrams, start)
 
-    def _send_outbox(self) -> None:
+    def _send_outbox(self, start: int = 0) -> None:
+        """Send the outbox's datagrams from ``start``; what the socket cannot take now is
+        queued as copies."""
         io = self.io
         if self._writing:
-            self._enqueue(io.outbox_datagrams(0), 0)     # keep the order: the queue goes first
+            self._enqueue(io.outbox_datagrams(start), 0)     # keep the order: the queue goes first
             return
-        start = self._send_from(None, 0, io.outbox_count)
+        start = self._send_from(None, start, io.outbox_count)
         if start < io.outbox_count:
             self._enqueue(io.outbox_datagrams(start), 0)
 

@@ -244,7 +244,8 @@ class RelayServer:
         read_now = getattr(self.driver, "read_now", None)
         if read_now is not None:
             read_now()              # inputs waiting in the socket make this tick's frames
-        self.lobby.tick(now)
+        # The rooms' pass sends each batch of rooms' frames as they are flushed (send_ready).
+        self.lobby.tick(now, getattr(self.driver, "send_ready", None))
         self._settle()
         if now >= self._stats_due:
             # Right after a tick's frames went out: the pass (~3 ms at 2 000 players, growing

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 from relay import protocol
 from relay.config import RelayConfig, RoomSettings
@@ -521,13 +521,14 @@ class Lobby:
 
     # -- the tick ---------------------------------------------------------------------------
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, send_ready: Optional[Callable[[], None]] = None) -> None:
         """Close a frame in every running room; end rooms left empty (or, draining, with no
         one to finish the match for) and forget ended ones. The rooms' common case (a frame and
-        its events) is one compiled pass (``close_frames``); the rest is settled here."""
+        its events) is one compiled pass (``close_frames``); the rest is settled here.
+        ``send_ready``: the driver's, to send what the pass has flushed every few rooms."""
         closed, broadcast, synthesized, unsettled, failed = close_frames(
             list(self.rooms.values()), now, self.endpoint.send_many, self.draining, self._reports,
-            self.endpoint.run_group, self.handle_events)
+            self.endpoint.run_group, self.handle_events, send_ready)
         for room, peer_ids, size, error in failed:
             if error is not None:
                 self._not_queued(room, "broadcast", STREAM, peer_ids, size, error)

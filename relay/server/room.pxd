@@ -120,4 +120,4 @@ cdef str accept_bound_input(object member, long long frame, bytes payload, long 
                synthesized="long long", before="long long", unsettled=list, failed=list,
                frame=bytes)
 cpdef tuple close_frames(list rooms, double now, object send_many, bint draining, list reports,
-                         object run_group=*, object handle_events=*)
+                         object run_group=*, object handle_events=*, object send_ready=*)

@@ -575,3 +575,56 @@ def test_the_relay_server_runs_on_the_batched_driver(tmp_path):
             assert server.driver.io.taken_in_place > 60
 
     asyncio.run(scenario())
+
+
+def test_send_ready_sends_what_was_flushed_so_far_and_the_flush_only_the_rest():
+    """The relay's rooms' pass flushes players into the outbox (send_many with ``now``) and
+    calls send_ready every few rooms: each datagram leaves once, the early ones at once."""
+    async def scenario():
+        server = server_endpoint()
+        driver = await open_batched_driver(server, ("127.0.0.1", 0), lambda now: None)
+        driver.io.set_admission(server, in_place=True)
+        loop = asyncio.get_running_loop()
+        address = driver.transport.get_extra_info("sockname")
+        clients, socks = [], []
+        try:
+            for i in range(2):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind(("127.0.0.1", 0))
+                sock.setblocking(False)
+                client = Endpoint(EndpointConfig(seed=10 + i))
+                clients.append((client, client.connect(address, loop.time())))
+                socks.append(sock)
+            for _ in range(200):
+                for (client, _), sock in zip(clients, socks):
+                    for data, addr in client.datagrams_to_send(loop.time()):
+                        sock.sendto(data, addr)
+                await asyncio.sleep(0.005)
+                for (client, _), sock in zip(clients, socks):
+                    for data, addr in recv_batch(sock.fileno()):
+                        client.receive(data, addr, loop.time())
+                if server.peer_count == 2 and all(c.is_connected(p) for c, p in clients):
+                    break
+            first, second = sorted(server.peer_ids)
+            driver.flush()
+            await asyncio.sleep(0.01)
+            for sock in socks:
+                recv_batch(sock.fileno())               # whatever the handshake left
+            sent = driver.datagrams_sent
+            driver.send_ready()                         # nothing written since the flush
+            assert driver.datagrams_sent == sent
+            server.send_many([first], 0, b"early", loop.time())
+            driver.send_ready()
+            assert driver.datagrams_sent == sent + 1    # the first room's, at once
+            server.send_many([second], 0, b"late", loop.time())
+            driver.flush()
+            assert driver.datagrams_sent == sent + 2    # the rest, and nothing twice
+            await asyncio.sleep(0.01)
+            got = [len(recv_batch(sock.fileno())) for sock in socks]
+            assert got == [1, 1]
+        finally:
+            driver.close()
+            for sock in socks:
+                sock.close()
+
+    run(scenario())

@@ -159,10 +159,13 @@ def test_a_grouped_peers_data_waits_for_its_group_and_its_flush_goes_out_from_th
             assert _messages(server.endpoint) == []             # held
             assert server.endpoint.run_group(0)
             assert sorted(_messages(server.endpoint)) == sorted([(server_a, b"input"), (server_b, b"input")])
+            assert server.io.outbox_written == 0                # the last flush's, handed out
             assert server.endpoint.send_many([server_a, server_b], 0, b"frame", now) == []
             assert server.io.outbox_count == 2                  # written in the room's turn
+            assert server.io.outbox_written == 2                # what a driver's send_ready sends
             assert server.io.flush_in_place(now) == []
             assert server.io.outbox_count == 2                  # kept, and no second datagram
+            assert server.io.outbox_written == 0                # handed out
             assert server.io.send_outbox(0) == 2
             for client, peer, sock in ((a, a_peer, a_sock), (b, b_peer, b_sock)):
                 data, _ = sock.recvfrom(2048)

@@ -1020,6 +1020,12 @@ def test_close_frames_runs_each_rooms_group_first_and_its_events_before_the_fram
     assert runs == [(4, 0, 0), (7, 1, 0)]           # each before its own room's frame
     assert handled == [(1.0, 0)]                    # only after b's, before b's frame closed
     assert [call[3] for call in send_many.calls] == [1.0, 1.0, 1.0]
+    # Every SEND_READY_ROOMS rooms, what the pass flushed so far is sent.
+    ready = []
+    rooms = [broadcasting()[0].room for _ in range(2 * room_module.SEND_READY_ROOMS + 1)]
+    room_module.close_frames(rooms, 2.0, SendMany(), False, [], run_group, handle_events,
+                             lambda: ready.append(rooms[0].open_frame))
+    assert ready == [1, 1]                          # after 32 and 64 rooms, not before the first
 
 
 def test_close_frames_leaves_a_room_with_more_to_settle_to_the_server():
