@@ -10,10 +10,12 @@ frame N + 2 on every FRAME N, as benchmarks/loadgen.py's). Only the server's cal
 
 Per tick, as the server does it under load:
 
-    receive   Endpoint.receive_batch of every player's datagrams
+    receive   Endpoint.receive_batch of every player's datagrams (a room's players' are only
+              held there, for the room's turn in the tick)
     events    the core's events to the rooms (INPUTs through relay.server.inputs)
-    tick      every room closes its frame and hands it to the core (RelayServer.tick)
-    flush     Endpoint.datagrams_to_send: one datagram per player
+    tick      RelayServer.tick: in each room's turn its players' datagrams are handled (their
+              INPUTs into the room), its frame closed and queued, and each player flushed
+    flush     Endpoint.datagrams_to_send: the datagrams, and whatever else is due
 
     python benchmarks/tick_cost.py --players 768 --ticks 300 --repeat 3
 
