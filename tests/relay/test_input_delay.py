@@ -118,6 +118,16 @@ def test_the_advice_is_repeated_every_interval_and_counts_late_inputs():
     assert inputs == late >= ADVICE_MIN_SAMPLES * 9      # every input counted, all late
 
 
+def test_an_input_for_the_frame_still_open_is_on_time_and_one_for_a_closed_frame_late():
+    harness, (alice, bob) = running_pair(input_delay_interval=1.0)
+    play(harness, [alice], 60, response=0.05, delay=1)      # for the open frame: just in time
+    frames, response_ms, late, inputs = advice_of(alice)[-1]
+    assert inputs >= ADVICE_MIN_SAMPLES and late == 0
+    play(harness, [alice], 60, response=0.05, start=60, delay=0)     # for the frame just closed
+    frames, response_ms, late, inputs = advice_of(alice)[-1]
+    assert late > 0
+
+
 def test_inputs_sent_while_catching_up_or_naming_an_unknown_frame_are_not_timed():
     harness, (alice, bob) = running_pair()
     room = harness.room
