@@ -162,7 +162,10 @@ done
 # healthy.
 podman healthcheck run "$relay_name" >/dev/null 2>&1 \
     || fail "the image's HEALTHCHECK does not pass on a ready relay"
-podman logs "$relay_name" 2>&1 | grep -q '"security": *"token"' \
+# Into a file first: under pipefail, `podman logs | grep -q` fails whenever grep stops reading
+# before podman has written the rest (SIGPIPE).
+podman logs "$relay_name" > "$work/relay.log" 2>&1 || fail "podman logs $relay_name failed"
+grep -q '"security": *"token"' "$work/relay.log" \
     || fail "the relay did not start in token mode (no security=token in its started line)"
 [ "$(status "$http/rooms")" = 401 ] || fail "the admin API answered without the admin token"
 [ "$(status "$http/rooms" "$(cat "$work/admin-token")")" = 200 ] \
