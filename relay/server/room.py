@@ -509,16 +509,25 @@ class Room:
         interval = 1.0 / self.tick_rate
         response = timing.percentile(settings.input_delay_percentile) + settings.input_delay_margin
         needed = math.ceil(response / interval - 1e-9)
-        # Lowering waits until half a frame of slack more is there, so the advice does not
-        # flap when the response time sits near a frame boundary.
+        # Lowering wants half a frame of slack more, so the advice does not flap when the
+        # response time sits near a frame boundary, and for as long as the window of response
+        # times lasts, so that a quiet spell on a jittery link does not lower it only for the
+        # next spike to raise it again (each change shifts the player's inputs).
         relaxed = math.ceil(response / interval + 0.5 - 1e-9)
         current = timing.advised
         if current is None or needed > current:
             advised = needed
+            timing.lowerable_since = -1.0
         elif relaxed < current:
-            advised = relaxed
+            advised = current
+            if timing.lowerable_since < 0.0:
+                timing.lowerable_since = now
+            elif now - timing.lowerable_since >= settings.input_delay_window * interval - 1e-9:
+                advised = relaxed
+                timing.lowerable_since = -1.0
         else:
             advised = current
+            timing.lowerable_since = -1.0
         ceiling = min(settings.input_delay_max, settings.max_input_lead)
         advised = max(min(settings.input_delay_min, ceiling), min(ceiling, advised))
         changed = advised != current

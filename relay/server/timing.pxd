@@ -19,6 +19,7 @@ cdef class InputTiming:
     cdef uint64_t late_inline[LATE_BITS_INLINE]
     cdef public object advised
     cdef public double advised_at
+    cdef public double lowerable_since  # since when a lower advice would do (-1: it would not)
     cdef public Py_ssize_t response_ms
 
     cpdef void record(self, bint late, double response)

@@ -89,6 +89,7 @@ cdef class InputTiming:
         if self.responses == NULL or self.late_bits == NULL:
             raise MemoryError()
         self.advised = None
+        self.lowerable_since = -1.0
 
     def __dealloc__(self):
         PyMem_Free(self.responses)

@@ -79,20 +79,40 @@ def test_a_rare_slow_input_counts_only_past_the_percentile():
 
 
 def test_the_advice_rises_at_once_and_falls_only_with_half_a_frame_to_spare():
+    # A window of 30 response times: lowering also waits 1 s (30 frames) with the lower
+    # advice enough at every review, so each lowering phase lasts 3 s (the old window's
+    # times go out in the first second).
     harness, (alice, bob) = running_pair(input_delay_window=30)
     play(harness, [alice], 60, response=0.050)              # 60 ms: 2 frames
     assert advice_of(alice)[-1][0] == 2
     play(harness, [alice], 30, start=60, response=0.120)    # 130 ms: 4 frames
     assert advice_of(alice)[-1][0] == 4
     # 58 ms = 1.74 frames: 2 would do, but lowering wants half a frame more (2.24 -> 3).
-    play(harness, [alice], 60, start=90, response=0.048)
+    play(harness, [alice], 90, start=90, response=0.048)
     assert advice_of(alice)[-1][0] == 3
-    play(harness, [alice], 60, start=150, response=0.030)   # 40 ms: 1.2 frames (+0.5 -> 2)
+    play(harness, [alice], 90, start=180, response=0.030)   # 40 ms: 1.2 frames (+0.5 -> 2)
     assert advice_of(alice)[-1][0] == 2
-    play(harness, [alice], 60, start=210, response=0.054)   # 64 ms: needs 2, stays 2
+    play(harness, [alice], 90, start=270, response=0.054)   # 64 ms: needs 2, stays 2
     assert advice_of(alice)[-1][0] == 2
-    play(harness, [alice], 60, start=270, response=0.004)   # 14 ms: 0.42 frames (+0.5 < 1)
+    play(harness, [alice], 90, start=360, response=0.004)   # 14 ms: 0.42 frames (+0.5 < 1)
     assert advice_of(alice)[-1][0] == 1
+
+
+def test_the_advice_falls_only_once_a_whole_window_allowed_it():
+    harness, (alice, bob) = running_pair(input_delay_window=30, input_delay_interval=60.0)
+    play(harness, [alice], 60, response=0.120)              # 130 ms: 4 frames
+    assert [a[0] for a in advice_of(alice)] == [4]
+    # 40 ms (2 frames would do) for 1.5 s, then a spike: the window's times were low for
+    # 0.5 s only, too short to lower, and the spike ends the wait.
+    play(harness, [alice], 45, start=60, response=0.030)
+    play(harness, [alice], 3, start=105, response=0.120)
+    assert [a[0] for a in advice_of(alice)] == [4]
+    # Low again: the wait starts anew once the spike has left the window (1 s), and the
+    # advice falls one window (1 s) of reviews later, not before.
+    play(harness, [alice], 50, start=108, response=0.030)
+    assert [a[0] for a in advice_of(alice)] == [4]
+    play(harness, [alice], 40, start=158, response=0.030)
+    assert [a[0] for a in advice_of(alice)] == [4, 2]
 
 
 def test_the_advice_stays_within_its_bounds_and_max_input_lead():
