@@ -109,6 +109,7 @@ cdef class Peer:
     cdef uint16_t unacked_tail          # oldest of our packets that may still be acked
     cdef uint16_t gap_cursor            # oldest of our packets not yet judged by an ack gap
     cdef uint16_t latest_remote_send_time
+    cdef uint16_t loss_cursor           # oldest of our packets the loss estimate has not judged
     cdef uint32_t received_bits
     cdef uint32_t stamp
     cdef int sent_size                  # sent_packet_buffer (a power of two)
@@ -119,6 +120,8 @@ cdef class Peer:
     cdef public double queued_deadline       # its live entry in the endpoint's heap (-1.0: none)
     cdef uint64_t in_flight             # bit i: our packet next_seq - 1 - i is sent and not acked
     cdef uint64_t data_sent             # bit i: our packet next_seq - 1 - i is a DATA packet
+    # loss estimate: packets that fell out of the ack window without being acked (every ack moves it)
+    cdef readonly double loss
     cdef double latest_received_at
     cdef SentPacket* sent              # our DATA packets, slot seq % sent_size
     # Which of the peer's packets arrived, in the received window (seqbuf's tags: slot = seq %
@@ -194,9 +197,6 @@ cdef class Peer:
     cdef double connect_resend_interval
     cdef int disconnect_code
 
-    # loss estimate: packets that fell out of the ack window without being acked
-    cdef uint16_t loss_cursor
-    cdef readonly double loss
     cdef MemoryBudget reassembly
 
     cpdef int _transition(self, int trigger) except -1
