@@ -176,8 +176,8 @@ class RoomSettings:
     input_delay_max: int = 10
     """Bounds of the advised input delay, frames (never above max_input_lead)."""
     input_delay_window: int = 150
-    """Input response times kept per player (the newest), for the percentile; a lower advice
-    also waits this many frames of reviews that all allow it."""
+    """Frames whose answers are kept per player (a response time each, the newest frames), for
+    the percentile; a lower advice also waits this many frames of reviews that all allow it."""
     input_delay_interval: float = 5.0
     """The advice is sent when it changes, and repeated this often, seconds."""
 

@@ -107,9 +107,10 @@ class InputDelayAdvice:
     response_ms: int
     """The relay's measure of this player's input response time (percentile plus margin)."""
     late: int
-    """Of the last ``inputs`` inputs, how many arrived after their frame had closed."""
+    """Of the ``inputs`` frames answered, how many with an input that arrived after its frame had
+    closed."""
     inputs: int
-    """The number of inputs ``late`` counts over."""
+    """How many of the relay's last ``rooms.input_delay_window`` frames the player answered."""
 
 
 class RelayClient:

@@ -4,7 +4,7 @@
 cimport cython
 
 from relay.server.pending cimport PendingInputs
-from relay.server.timing cimport CloseTimes, InputTiming
+from relay.server.timing cimport CloseTimes, InputTimes
 
 
 cdef class Slot:
@@ -32,8 +32,12 @@ cdef class Member:
     cdef public long long last_sent
     cdef public object missing_from
     cdef public bint reported
-    cdef public InputTiming timing
     cdef public Room room
+    # the input-delay advice (players only; read at its reviews)
+    cdef public object advised
+    cdef public double advised_at
+    cdef public double lowerable_since
+    cdef public Py_ssize_t response_ms
 
 
 cdef class Room:
@@ -72,6 +76,8 @@ cdef class Room:
     cdef public bytes unsent_frame
     cdef public bint report_frames
     cdef readonly CloseTimes close_times
+    cdef public InputTimes input_times
+    cdef public Py_ssize_t advice_phase
     cdef public int group               # the core's group its players' DATA is held in (-1: none)
 
     cpdef bytes tick(self, double now)
@@ -84,10 +90,11 @@ cdef class Room:
     cpdef str accept_member_input(self, Member member, long long frame, bytes payload,
                                   long long have, double now)
 
-    @cython.locals(timing=InputTiming, interval=double, response=double)
+    @cython.locals(times=InputTimes, interval=double, response=double, slot=Py_ssize_t,
+                   answered=Py_ssize_t, late=Py_ssize_t, percentile=double)
     cpdef _advise_input_delay(self, Member member, double now)
 
-    @cython.locals(timing=InputTiming)
+    @cython.locals(times=InputTimes, response=double, slot=Py_ssize_t)
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
     @cython.locals(received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
@@ -97,7 +104,7 @@ cdef class Room:
     @cython.locals(slot=Slot)
     cdef bint _connected(self, Py_ssize_t index) except -1
 
-    @cython.locals(broadcast=list, member=Member, slot_index="long long")
+    @cython.locals(broadcast=list, member=Member, review=bint)
     cpdef list fan_out(self, long long number, bytes data, double now, long long spectator_frame,
                        long long catchup_frames, long long advice_every)
 

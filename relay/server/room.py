@@ -27,6 +27,7 @@ the source of both: uncompiled it is the same room, in plain Python.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -36,7 +37,7 @@ from relay.server.history import FrameHistory
 from relay.frames import encode_frame_of
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Welcome
 from relay.server.pending import PendingInputs
-from relay.server.timing import CloseTimes, InputTiming
+from relay.server.timing import CloseTimes, InputTimes
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
 ACCEPTED, LATE = "accepted", "late"
@@ -107,8 +108,7 @@ class Member:
     def __init__(self, peer_id: int, player: str, slot: Optional[int], spectator: bool, have: int = -1,
                  next_live: int = 0, catching_up: bool = False, blocks_in_flight: int = 0,
                  block_first: int = 0, block_end: int = -1, last_sent: int = -1,
-                 missing_from: Optional[int] = None, reported: bool = False,
-                 timing: Optional[InputTiming] = None):
+                 missing_from: Optional[int] = None, reported: bool = False):
         self.peer_id = peer_id
         self.player = player
         self.slot = slot
@@ -129,8 +129,14 @@ class Member:
         """A frame from here on could not be queued: repair from here, or None."""
         self.reported = reported
         """It has reported ``have`` at least once."""
-        self.timing = timing
-        """Players only: input response times and the advice sent."""
+        self.advised: Optional[int] = None
+        """The input delay last advised (players only; their response times are the room's
+        ``input_times``)."""
+        self.advised_at = 0.0
+        self.lowerable_since = -1.0
+        """Since when a lower advice would do (-1.0: it would not)."""
+        self.response_ms = 0
+        """The response time the advice came from, ms."""
         self.room: Optional[Room] = None
         """The room while it is a member (the input path reaches the room through it)."""
 
@@ -195,8 +201,15 @@ class Room:
         turns it off: one event per room and tick it would drop unread)."""
         self.started_at: Optional[float] = None
         self.close_times = CloseTimes()
-        self.group = -1                 # set by the lobby: Endpoint.bind_sink's group
         """When recent frames closed: inputs naming one as held are timed from then."""
+        self.input_times: Optional[InputTimes] = (
+            InputTimes(self.capacity, settings.input_delay_window)
+            if settings.input_delay_advice else None)
+        """The players' input response times, for the input-delay advice (None: no advice)."""
+        self.advice_phase = zlib.crc32(room_id.encode()) % ADVICE_EVERY_FRAMES
+        """The room's players are reviewed together, at frames n with (n + phase) a multiple of
+        ADVICE_EVERY_FRAMES: one pass over its table, and rooms spread over the ticks."""
+        self.group = -1                 # set by the lobby: Endpoint.bind_sink's group
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -309,8 +322,8 @@ class Room:
         """Register the member, send WELCOME and, in a running room, the history it missed."""
         released = self._released_frames(spectator)
         member = Member(peer_id, player, slot, spectator, next_live=released)
-        if not spectator and self.settings.input_delay_advice:
-            member.timing = InputTiming(self.settings.input_delay_window)
+        if slot is not None and self.input_times is not None:
+            self.input_times.clear_slot(slot)
         self.members[peer_id] = member
         member.room = self
         self.empty_since = None
@@ -493,55 +506,59 @@ class Room:
         """How long after frame ``have`` closed this input arrived: the input was sent for frame
         have + d when the client held frame ``have``, so d must exceed this time in frames for it
         to be on time. Inputs sent while catching up say nothing about the link."""
-        timing = member.timing
-        if timing is None:
+        times = self.input_times
+        if times is None or have >= self.open_frame or member.catching_up:
             return
-        response = -1.0
-        if have < self.open_frame and not member.catching_up:
-            response = self.close_times.since(have, now)
-        timing.record(frame < self.open_frame, response)
+        response = self.close_times.since(have, now)
+        if response >= 0.0:
+            slot: int = member.slot     # type: ignore[assignment]  # a player's: an int
+            times.record(slot, have, frame < self.open_frame, response)
 
     def _advise_input_delay(self, member: Member, now: float) -> None:
-        timing = member.timing
-        if timing is None or timing.samples < ADVICE_MIN_SAMPLES:
+        times = self.input_times
+        if times is None:
             return
         settings = self.settings
+        slot: int = member.slot     # type: ignore[assignment]  # a player's: an int
+        answered, late, percentile = times.review(slot, self.open_frame - 1,
+                                                  settings.input_delay_percentile)
+        if answered < ADVICE_MIN_SAMPLES:
+            return
         interval = 1.0 / self.tick_rate
-        response = timing.percentile(settings.input_delay_percentile) + settings.input_delay_margin
+        response = percentile + settings.input_delay_margin
         needed = math.ceil(response / interval - 1e-9)
         # Lowering wants half a frame of slack more, so the advice does not flap when the
         # response time sits near a frame boundary, and for as long as the window of response
         # times lasts, so that a quiet spell on a jittery link does not lower it only for the
         # next spike to raise it again (each change shifts the player's inputs).
         relaxed = math.ceil(response / interval + 0.5 - 1e-9)
-        current = timing.advised
+        current = member.advised
         if current is None or needed > current:
             advised = needed
-            timing.lowerable_since = -1.0
+            member.lowerable_since = -1.0
         elif relaxed < current:
             advised = current
-            if timing.lowerable_since < 0.0:
-                timing.lowerable_since = now
-            elif now - timing.lowerable_since >= settings.input_delay_window * interval - 1e-9:
+            if member.lowerable_since < 0.0:
+                member.lowerable_since = now
+            elif now - member.lowerable_since >= settings.input_delay_window * interval - 1e-9:
                 advised = relaxed
-                timing.lowerable_since = -1.0
+                member.lowerable_since = -1.0
         else:
             advised = current
-            timing.lowerable_since = -1.0
+            member.lowerable_since = -1.0
         ceiling = min(settings.input_delay_max, settings.max_input_lead)
         advised = max(min(settings.input_delay_min, ceiling), min(ceiling, advised))
         changed = advised != current
-        if not changed and now - timing.advised_at < settings.input_delay_interval:
+        if not changed and now - member.advised_at < settings.input_delay_interval:
             return
-        timing.advised, timing.advised_at = advised, now
-        timing.response_ms = round(response * 1000)
-        late = timing.late_count
+        member.advised, member.advised_at = advised, now
+        member.response_ms = round(response * 1000)
         self.actions.append(Action("send", member.peer_id, CONTROL, protocol.input_delay(
-            advised, timing.response_ms, late, timing.late_seen)))
+            advised, member.response_ms, late, answered)))
         if changed:
             self.events.append(RoomEvent("input_delay", {
                 "player": member.player, "slot": member.slot, "frames": advised,
-                "response_ms": timing.response_ms, "late": late, "inputs": timing.late_seen}))
+                "response_ms": member.response_ms, "late": late, "inputs": answered}))
 
     def on_checksum(self, peer_id: int, message: Checksum) -> None:
         member = self.members.get(peer_id)
@@ -658,11 +675,13 @@ class Room:
         returned for one broadcast when broadcast_frames, else a send each through
         ``_send_stream``), spectators frame ``spectator_frame`` once they are that far. On the
         way: a member that lost frames or is far behind is caught up (``_maybe_catch_up``),
-        and every ``advice_every`` frames a player's input delay is reviewed
-        (``_advise_input_delay``, staggered by slot)."""
+        and every ``advice_every`` frames the players' input delays are reviewed
+        (``_advise_input_delay``, all of the room's in the same frame: see ``advice_phase``)."""
         broadcast: Optional[list] = [] if self.broadcast_frames else None
         if advice_every < 1:
             raise ValueError(f"advice_every must be at least 1, got {advice_every}")   # a divisor
+        review = (self.input_times is not None
+                  and (number + self.advice_phase) % advice_every == 0)
         for member in self.members.values():
             if member is None:
                 raise TypeError("members must hold Member objects, not None")
@@ -679,10 +698,8 @@ class Room:
                     self._send_stream(member.peer_id, data)
                 else:
                     broadcast.append(member.peer_id)
-                if member.timing is not None:
-                    slot_index: int = member.slot   # type: ignore[assignment]  # a player's: an int
-                    if (number + slot_index) % advice_every == 0:
-                        self._advise_input_delay(member, now)
+                if review:
+                    self._advise_input_delay(member, now)
         return broadcast
 
     def _send_stream(self, peer_id: int, data: bytes) -> None:

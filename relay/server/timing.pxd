@@ -1,29 +1,21 @@
-from libc.stdint cimport uint64_t
-
-
-cdef enum:
-    LATE_BITS_INLINE = 4        # words of late marks kept in the object: windows up to 256
-
-
-cdef class InputTiming:
-    # What record() touches, first: the late marks of a window up to 256 sit in these lines
-    # (late_inline), so an input costs no cache line beyond the object and its response slot.
-    cdef uint64_t* late_bits            # bit i: input i of the ring missed its frame
-    cdef float* responses
+cdef class InputTimes:
+    # A room's table, row r for the frame answered tags[r] (-1: none): per slot a mark byte
+    # and a response time. One row holds all the room's players, so the inputs of one tick
+    # write one or two lines between them (a ring per player cost each input two cold lines).
+    cdef char* table
+    cdef readonly Py_ssize_t slots
     cdef readonly Py_ssize_t window
-    cdef readonly Py_ssize_t samples
-    cdef Py_ssize_t next_response
-    cdef readonly Py_ssize_t late_count
-    cdef readonly Py_ssize_t late_seen
-    cdef Py_ssize_t next_late
-    cdef uint64_t late_inline[LATE_BITS_INLINE]
-    cdef public object advised
-    cdef public double advised_at
-    cdef public double lowerable_since  # since when a lower advice would do (-1: it would not)
-    cdef public Py_ssize_t response_ms
+    cdef Py_ssize_t row_bytes
+    cdef Py_ssize_t responses_at        # offset of the response times in a row
 
-    cpdef void record(self, bint late, double response)
-    cpdef double percentile(self, double percent) except? -1.0
+    cdef inline char* _row(self, long long answered) noexcept:
+        return self.table + (answered % self.window) * self.row_bytes
+
+    cdef int _check_slot(self, Py_ssize_t slot) except -1
+
+    cpdef void record(self, Py_ssize_t slot, long long answered, bint late, double response) except *
+    cpdef void clear_slot(self, Py_ssize_t slot) except *
+    cpdef tuple review(self, Py_ssize_t slot, long long newest, double percent)
 
 
 cdef class CloseTimes:

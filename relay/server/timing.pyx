@@ -1,12 +1,15 @@
-"""Per-player and per-room timing behind the input-delay advice, over C arrays.
+# cython: cdivision=True
+"""Per-room timing behind the input-delay advice, over C arrays.
 
-Every player's every input passes through ``InputTiming.record`` and looks up when the frame it
-names as held closed (``CloseTimes.since``), so both keep raw C rings: 4 bytes a response time
-and 1 bit a late mark per player (``window`` of each), 16 bytes a frame per room.
+Every player's every input is timed against the close of the frame it names as held
+(``CloseTimes.since``) and lands in its room's ``InputTimes``: a row per frame answered, a
+cell per slot (a mark byte and 4 bytes of response time), ``window`` rows; and 16 bytes a
+frame of close times.
 """
 from cpython.mem cimport PyMem_Malloc, PyMem_Calloc, PyMem_Free
 from libc.math cimport ceil
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint8_t
+from libc.string cimport memset
 
 cdef enum:
     # Close times kept for timing inputs (16 bytes a frame, per room): a client whose newest
@@ -18,6 +21,9 @@ cdef enum:
     # A percentile this close to the top is read in one pass that keeps the largest few (the
     # default 99th of 150 samples is the second largest), with no copy and no selection.
     TOP_IN_ONE_PASS = 16
+    # A cell's mark: the player answered the row's frame; and one of its inputs doing so was late.
+    MARK_TIMED = 1
+    MARK_LATE = 2
 
 
 cdef double _select(double* values, Py_ssize_t n, Py_ssize_t k) noexcept:
@@ -48,12 +54,12 @@ cdef double _select(double* values, Py_ssize_t n, Py_ssize_t k) noexcept:
     return values[k]
 
 
-cdef double _top(const float* values, Py_ssize_t n, Py_ssize_t m) noexcept:
+cdef double _top(const double* values, Py_ssize_t n, Py_ssize_t m) noexcept:
     """The m-th largest of values[0:n] (1 <= m <= TOP_IN_ONE_PASS, m <= n): one pass keeping the
     m largest seen so far in descending order."""
-    cdef float top[TOP_IN_ONE_PASS]
+    cdef double top[TOP_IN_ONE_PASS]
     cdef Py_ssize_t i, j, held = 0
-    cdef float value
+    cdef double value
     for i in range(n):
         value = values[i]
         if held == m:
@@ -70,74 +76,109 @@ cdef double _top(const float* values, Py_ssize_t n, Py_ssize_t m) noexcept:
     return top[m - 1]
 
 
-cdef class InputTiming:
-    """One player's recent input response times and the input delay advised from them.
+cdef class InputTimes:
+    """A room's recent input response times, by the frame each input answered (the ``have`` it
+    named: the client sent it on holding that frame) and slot, for the last ``window`` frames.
 
-    Every player's every input passes through ``record``, so the rings are C arrays: the last
-    ``window`` response times (seconds from the close of the frame the client said it held to
-    the arrival of the input) and, per recent input, whether it missed its frame.
+    A cell keeps the slowest response among the player's inputs answering that frame (one,
+    unless it sent several at once) and whether any of them was late (arrived after the
+    frame it was for had closed). A row is reused for the frame ``window`` later: whatever
+    a slot did not answer in between reads as not answered.
     """
-    def __cinit__(self, Py_ssize_t window):
+    def __cinit__(self, Py_ssize_t slots, Py_ssize_t window):
+        cdef Py_ssize_t row
+        if slots < 1:
+            raise ValueError(f"input times need at least 1 slot, got {slots}")
         if window < 1:
-            raise ValueError("input timing window must be at least 1")
+            raise ValueError(f"input times window must be at least 1, got {window}")
+        self.slots = slots
         self.window = window
-        self.responses = <float*>PyMem_Malloc(window * sizeof(float))
-        if window <= 64 * LATE_BITS_INLINE:
-            self.late_bits = self.late_inline       # zeroed with the object
-        else:
-            self.late_bits = <uint64_t*>PyMem_Calloc((window + 63) // 64, sizeof(uint64_t))
-        if self.responses == NULL or self.late_bits == NULL:
+        # [tag: long long][marks: slots bytes, padded to 4][responses: slots floats], 8-aligned
+        self.responses_at = sizeof(long long) + ((slots + 3) & ~3)
+        self.row_bytes = (self.responses_at + slots * sizeof(float) + 7) & ~7
+        self.table = <char*>PyMem_Calloc(window, self.row_bytes)
+        if self.table == NULL:
             raise MemoryError()
-        self.advised = None
-        self.lowerable_since = -1.0
+        for row in range(window):
+            (<long long*>(self.table + row * self.row_bytes))[0] = -1
 
     def __dealloc__(self):
-        PyMem_Free(self.responses)
-        if self.late_bits != self.late_inline:
-            PyMem_Free(self.late_bits)
+        PyMem_Free(self.table)
 
-    cpdef void record(self, bint late, double response):
-        """One input: whether it arrived after its frame closed, and its response time
-        (negative: the input says nothing about the link)."""
-        cdef Py_ssize_t index = self.next_late
-        cdef uint64_t bit = (<uint64_t>1) << (index & 63)
-        cdef uint64_t* word = &self.late_bits[index >> 6]
-        self.late_count += late - ((word[0] & bit) != 0)
-        if late:
-            word[0] |= bit
-        else:
-            word[0] &= ~bit
-        self.next_late = index + 1 if index + 1 < self.window else 0
-        if self.late_seen < self.window:
-            self.late_seen += 1
-        if response >= 0.0:
-            self.responses[self.next_response] = <float>response
-            self.next_response = self.next_response + 1 if self.next_response + 1 < self.window else 0
-            if self.samples < self.window:
-                self.samples += 1
+    cdef int _check_slot(self, Py_ssize_t slot) except -1:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is not in 0..{self.slots - 1}")     # a C index
+        return 0
 
-    cpdef double percentile(self, double percent) except? -1.0:
-        """Nearest-rank percentile of the response times held (0.0 when there are none)."""
-        cdef Py_ssize_t rank, i
-        cdef double value
-        cdef double ordered_here[SELECT_ON_STACK]
-        cdef double* ordered = ordered_here
-        if self.samples == 0:
-            return 0.0
-        rank = <Py_ssize_t>ceil(percent / 100.0 * self.samples)
-        rank = min(max(rank, 1), self.samples)
-        if self.samples - rank < TOP_IN_ONE_PASS:
-            return _top(self.responses, self.samples, self.samples - rank + 1)
-        if self.samples > SELECT_ON_STACK:
-            ordered = <double*>PyMem_Malloc(self.samples * sizeof(double))
-            if ordered == NULL:
+    cpdef void record(self, Py_ssize_t slot, long long answered, bint late, double response) except *:
+        """An input of slot ``slot`` answering frame ``answered`` (>= 0), ``response`` seconds
+        after that frame closed; ``late``: it arrived after the frame it was for had closed."""
+        cdef char* row
+        cdef long long* tag
+        cdef uint8_t* mark
+        cdef float* held
+        self._check_slot(slot)
+        if answered < 0:
+            raise ValueError(f"answered must be >= 0, got {answered}")     # its row: answered % window
+        row = self._row(answered)
+        tag = <long long*>row
+        if tag[0] != answered:
+            if tag[0] > answered:
+                return              # a newer frame holds the row: this one is out of the window
+            memset(row + sizeof(long long), 0, self.slots)
+            tag[0] = answered
+        mark = <uint8_t*>row + sizeof(long long) + slot
+        held = <float*>(row + self.responses_at) + slot
+        if not (mark[0] & MARK_TIMED) or response > held[0]:
+            held[0] = <float>response
+        mark[0] |= MARK_TIMED | (MARK_LATE if late else 0)
+
+    cpdef void clear_slot(self, Py_ssize_t slot) except *:
+        """Forget the slot's answers (a new player takes it)."""
+        cdef Py_ssize_t row
+        self._check_slot(slot)
+        for row in range(self.window):
+            (<uint8_t*>self.table + row * self.row_bytes + sizeof(long long))[slot] = 0
+
+    cpdef tuple review(self, Py_ssize_t slot, long long newest, double percent):
+        """(answered, late, percentile) of the slot over frames newest - window + 1 .. newest:
+        how many of them it answered, in how many with a late input, and the nearest-rank
+        ``percent`` percentile of its response times (0.0 when it answered none)."""
+        cdef Py_ssize_t row, samples = 0, late = 0, rank
+        cdef long long first = newest - self.window + 1
+        cdef uint8_t mark
+        cdef const char* at = self.table
+        cdef Py_ssize_t mark_at = sizeof(long long) + slot
+        cdef Py_ssize_t response_at = self.responses_at + slot * sizeof(float)
+        cdef double value = 0.0
+        cdef double values_here[SELECT_ON_STACK]
+        cdef double* values = values_here
+        self._check_slot(slot)
+        if self.window > SELECT_ON_STACK:
+            values = <double*>PyMem_Malloc(self.window * sizeof(double))
+            if values == NULL:
                 raise MemoryError()
-        for i in range(self.samples):
-            ordered[i] = self.responses[i]
-        value = _select(ordered, self.samples, rank - 1)
-        if ordered != ordered_here:
-            PyMem_Free(ordered)
-        return value
+        try:
+            for row in range(self.window):
+                mark = (<const uint8_t*>at)[mark_at]
+                # the row's frame in first .. newest, as one unsigned comparison
+                if mark & MARK_TIMED and (<unsigned long long>((<const long long*>at)[0] - first)
+                                          < <unsigned long long>self.window):
+                    values[samples] = (<const float*>(at + response_at))[0]
+                    samples += 1
+                    late += (mark & MARK_LATE) != 0
+                at += self.row_bytes
+            if samples:
+                rank = <Py_ssize_t>ceil(percent / 100.0 * samples)
+                rank = min(max(rank, 1), samples)
+                if samples - rank < TOP_IN_ONE_PASS:
+                    value = _top(values, samples, samples - rank + 1)
+                else:
+                    value = _select(values, samples, rank - 1)
+        finally:
+            if values != values_here:
+                PyMem_Free(values)
+        return samples, late, value
 
 
 cdef class CloseTimes:

@@ -348,9 +348,17 @@ def test_close_times_refuse_a_negative_frame():
     assert close_times.since(-1, 1.0) == -1.0 and close_times.since(0, 1.0) == 1.0
 
 
-def test_input_timing_refuses_an_empty_window():
+def test_input_times_refuse_an_empty_window_and_a_slot_outside_the_room():
     with pytest.raises(ValueError, match="at least 1"):
-        timing.InputTiming(0)
+        timing.InputTimes(8, 0)
+    with pytest.raises(ValueError, match="at least 1"):
+        timing.InputTimes(0, 150)
+    times = timing.InputTimes(8, 150)
+    for slot in (-1, 8):
+        with pytest.raises(ValueError, match="slot"):
+            times.review(slot, 0, 99.0)
+        with pytest.raises(ValueError, match="slot"):
+            times.clear_slot(slot)
 
 
 class QuietRoom(compiled_room.Room):
@@ -373,7 +381,7 @@ def quiet_room():
 
 
 def player(peer_id=1, slot=0):
-    return compiled_room.Member(peer_id, "p%d" % peer_id, slot, False, timing=timing.InputTiming(8))
+    return compiled_room.Member(peer_id, "p%d" % peer_id, slot, False)
 
 
 def test_fan_out_refuses_a_zero_advice_interval():

@@ -159,7 +159,7 @@ def test_inputs_sent_while_catching_up_or_naming_an_unknown_frame_are_not_timed(
         room.on_input(alice.peer_id, Input(number + 3, b"i", number + 5), number * TICK + 5.0)
     harness.pump()
     assert advice_of(alice) == []
-    assert room.members[alice.peer_id].timing.samples == 0
+    assert room.input_times.review(0, room.open_frame - 1, 99.0) == (0, 0, 0.0)
 
 
 # -- the SDK -------------------------------------------------------------------------------------
@@ -256,57 +256,71 @@ def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(t
     asyncio.run(scenario())
 
 
-def test_input_timing_keeps_the_last_window_and_takes_nearest_rank_percentiles():
-    from relay.server.timing import InputTiming
+def test_input_times_keep_the_last_window_of_frames_and_take_nearest_rank_percentiles():
+    from relay.server.timing import InputTimes
 
-    timing = InputTiming(5)
-    assert timing.samples == 0 and timing.percentile(99) == 0.0
-    for i, value in enumerate([0.5, 0.1, 0.4, 0.2, 0.3, 0.9, 0.05]):
-        timing.record(i % 2 == 0, value)
-    timing.record(True, -1.0)            # late, but says nothing about the link
-    window = [0.4, 0.2, 0.3, 0.9, 0.05]  # the last five response times
-    assert timing.samples == 5
+    times = InputTimes(2, 5)
+    assert times.review(0, 10, 99.0) == (0, 0, 0.0)
+    for frame, value in enumerate([0.5, 0.1, 0.4, 0.2, 0.3, 0.9, 0.05]):
+        times.record(0, frame, frame % 2 == 0, value)
+        times.record(1, frame, False, 1.0)
+    window = [0.4, 0.2, 0.3, 0.9, 0.05]         # frames 2..6, the last five answered
     for percent in (1, 20, 40, 50, 60, 80, 99, 100):
         rank = max(1, -(-percent * 5 // 100))
+        answered, late, value = times.review(0, 6, percent)
         # Samples are kept as 32-bit floats.
-        assert timing.percentile(percent) == pytest.approx(sorted(window)[rank - 1], rel=1e-6)
-    # The late ring covers the last five inputs, response time or not: 0/1 flags 0,1,0,1 + 1.
-    assert timing.late_seen == 5 and timing.late_count == 3
+        assert answered == 5 and value == pytest.approx(sorted(window)[rank - 1], rel=1e-6)
+    assert times.review(0, 6, 99.0)[1] == 3     # frames 2, 4 and 6 were answered late
+    assert times.review(1, 6, 50.0) == (5, 0, 1.0)
+    # Reviewed later, frames older than the window no longer count, answered or not.
+    assert times.review(0, 8, 99.0)[:2] == (3, 2)
+    assert times.review(0, 20, 99.0) == (0, 0, 0.0)
     with pytest.raises(ValueError):
-        InputTiming(0)
+        InputTimes(2, 0)
 
 
-def test_input_timing_percentiles_match_a_sort_on_random_windows():
+def test_input_times_keep_the_slowest_answer_to_a_frame_and_ignore_frames_past_the_window():
+    from relay.server.timing import InputTimes
+
+    times = InputTimes(1, 4)
+    times.record(0, 7, False, 0.05)
+    times.record(0, 7, True, 0.02)              # a second input answering frame 7
+    assert times.review(0, 7, 100.0) == (1, 1, pytest.approx(0.05))
+    times.record(0, 3, False, 0.9)              # frame 7 holds its row: 3 is out of the window
+    assert times.review(0, 7, 100.0) == (1, 1, pytest.approx(0.05))
+    times.record(0, 11, False, 0.01)            # frame 11 takes the row over from 7
+    assert times.review(0, 11, 100.0) == (1, 0, pytest.approx(0.01))
+    times.clear_slot(0)
+    assert times.review(0, 11, 100.0) == (0, 0, 0.0)
+    with pytest.raises(ValueError, match="slot"):
+        times.record(1, 0, False, 0.0)
+    with pytest.raises(ValueError, match="answered"):
+        times.record(0, -1, False, 0.0)
+
+
+def test_input_times_percentiles_match_a_sort_on_random_windows():
     import random
 
-    from relay.server.timing import InputTiming
+    from relay.server.timing import InputTimes
 
     rng = random.Random(7)
-    for window in (1, 2, 3, 10, 150, 1024, 1025, 3000):     # past 1024: sorted on the heap
-        timing = InputTiming(window)
-        values = [rng.choice([0.01, 0.02, 0.5]) if rng.random() < 0.3 else rng.random()
-                  for _ in range(rng.randrange(1, 3 * window + 1))]
-        for value in values:
-            timing.record(False, value)
+    for window in (1, 2, 3, 10, 150, 1024, 1025, 3000):     # past 1024: gathered on the heap
+        times = InputTimes(3, window)
+        frames = rng.randrange(1, 3 * window + 1)
+        values, marks = [], []
+        for frame in range(frames):
+            value = rng.choice([0.01, 0.02, 0.5]) if rng.random() < 0.3 else rng.random()
+            late = rng.random() < 0.3
+            values.append(value)
+            marks.append(late)
+            times.record(1, frame, late, value)
         held = sorted(values[-window:])
         # Around the 16 largest (read in one pass) and past them (selected).
         near_top = [100 * (len(held) - m + 0.5) / len(held) for m in (1, 2, 15, 16, 17, 18)
                     if m <= len(held)]
         for percent in [0.1, 10, 50, 90, 95, 99, 100] + near_top:
             rank = max(1, math.ceil(percent / 100 * len(held)))
-            assert timing.percentile(percent) == pytest.approx(held[rank - 1], rel=1e-6), (window, percent)
-
-
-def test_input_timing_counts_the_late_inputs_of_its_last_window():
-    import random
-
-    from relay.server.timing import InputTiming
-
-    rng = random.Random(11)
-    for window in (1, 63, 64, 65, 256, 257, 1000):     # past 256 the marks live on the heap
-        timing = InputTiming(window)
-        marks = [rng.random() < 0.3 for _ in range(rng.randrange(1, 3 * window + 2))]
-        for late in marks:
-            timing.record(late, -1.0)
-        assert timing.late_seen == min(window, len(marks))
-        assert timing.late_count == sum(marks[-window:]), window
+            answered, late, value = times.review(1, frames - 1, percent)
+            assert answered == len(held) and late == sum(marks[-window:]), window
+            assert value == pytest.approx(held[rank - 1], rel=1e-6), (window, percent)
+        assert times.review(0, frames - 1, 99.0) == (0, 0, 0.0)
