@@ -433,7 +433,6 @@ cdef class Endpoint:
         datagrams_to_send or flush_in_place, which do not visit it again.
         """
         cdef Peer peer
-        cdef SendChannel sender
         cdef list refused = []
         cdef Outbox* box = NULL
         if now >= 0.0 and self.flushes_in_place:
@@ -458,8 +457,7 @@ cdef class Endpoint:
             if unreliable and size > largest - peer.reserve:
                 raise ValueError(f"message of {size} bytes on channel {channel} {advice} "
                                  f"({largest - peer.reserve} bytes)")
-            sender = peer.send_channel(channel)
-            if not sender.queue(payload) and peer.state == STATE_CONNECTED:
+            if not peer.queue_on(channel, payload) and peer.state == STATE_CONNECTED:
                 refused.append(peer_id)
             if now >= 0.0:
                 peer.dirty = False      # its entry in the dirty list, if any, is passed over

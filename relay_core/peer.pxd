@@ -90,6 +90,10 @@ cdef class Peer:
     # >= 0: its DATA taken in place waits in the endpoint's group ``group`` until the group is
     # run (Endpoint.run_group: a relay room's players, handled in its tick's pass); -1: at once.
     cdef int group
+    # Bit i: channel i may have work (a message queued, unsent or unacked). Set when a message is
+    # queued on it (queue_on), cleared by next_deadline once it holds nothing: every pass over
+    # the channels skips the idle ones (a relay's CONTROL channel, mostly) without touching them.
+    cdef uint32_t busy_channels
     cdef SharedSettings settings            # its endpoint's (settings.s: fields at a fixed offset)
     cdef readonly uint32_t session_id
     cdef uint32_t redundant_mask            # bit i: channel i is redundant
@@ -247,6 +251,14 @@ cdef class Peer:
         if i < INLINE_CHANNELS:
             return <SendChannel>self.channel_at[2 * i]
         return <SendChannel>self.send_channels[i]
+
+    cdef inline bint queue_on(self, int channel, bytes payload):
+        """Queue a message on send channel ``channel`` (the only way a channel gets work)."""
+        self.busy_channels |= (<uint32_t>1) << channel
+        return self.send_channel(channel).queue(payload)
+
+    cdef inline bint channel_busy(self, int i) noexcept:
+        return (self.busy_channels >> i) & 1
 
     cdef inline ReceiveChannel recv_channel(self, int i):
         if i < INLINE_CHANNELS:

@@ -689,7 +689,7 @@ cdef class Peer:
         if not self.window_open(now):
             return False
         for i in range(self.channel_count):
-            if self.send_channel(i).has_unsent():
+            if self.channel_busy(i) and self.send_channel(i).has_unsent():
                 return True
         if self.block_sending():
             self.refill(now)
@@ -742,7 +742,8 @@ cdef class Peer:
             units_start = self.units.head
             pos = DATA_HEADER_SIZE
             for i in range(self.channel_count):
-                pos = self.send_channel(i).write(&self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
+                if self.channel_busy(i):
+                    pos = self.send_channel(i).write(&self.units, buf, pos, end, now, self.rtt.rto, self.stamp)
             carries_messages = pos > DATA_HEADER_SIZE
             if self.blocks_busy:
                 pos = self.block_in.write_ack(buf, pos, end)
@@ -751,7 +752,7 @@ cdef class Peer:
             if self.tokens > 0:
                 if carries_messages:
                     for i in range(self.channel_count):
-                        if not (self.redundant_mask >> i) & 1:
+                        if not ((self.redundant_mask & self.busy_channels) >> i) & 1:
                             continue
                         channel = self.send_channel(i)
                         if copies or channel.overdue:
@@ -813,7 +814,7 @@ cdef class Peer:
     cdef bint _more_to_send(self, double now):
         cdef int i
         for i in range(self.channel_count):
-            if self.send_channel(i).has_unsent():
+            if self.channel_busy(i) and self.send_channel(i).has_unsent():
                 return True
         if self.block_ack_owed():
             return True
@@ -863,6 +864,8 @@ cdef class Peer:
         # late ack than a lost message (the "always" policy has no such view: it resends).
         mode = link_update(&self.link, &self.settings.s.link, now) if self.settings.s.adaptive else LINK_LOSSY
         for i in range(self.channel_count):
+            if not self.channel_busy(i):
+                continue
             channel = self.send_channel(i)
             deadline = channel.next_deadline()
             if deadline >= 0.0 and now >= deadline:
@@ -891,7 +894,13 @@ cdef class Peer:
         # it sooner arrive through receive(), after which the caller flushes anyway.
         ready = 0.0 if seq_diff(self.next_seq, self.highest_acked) <= ACK_WINDOW else self.window_reopens()
         for i in range(self.channel_count):
+            if not self.channel_busy(i):
+                continue
             channel = self.send_channel(i)
+            if channel.queued() == 0 and not channel.failed:
+                # Nothing queued, unsent or unacked: idle until queue_on gives it a message.
+                self.busy_channels &= ~((<uint32_t>1) << i)
+                continue
             if channel.has_unsent():
                 deadline = min(deadline, ready)
             d = channel.next_deadline()
@@ -924,7 +933,7 @@ cdef class Peer:
 
     def queue_message(self, int channel, bytes payload not None):
         self._check_channel(channel)
-        return (<SendChannel>self.send_channels[channel]).queue(payload)
+        return self.queue_on(channel, payload)
 
     def stats_fields(self):
         cdef SendChannel channel
