@@ -4,7 +4,7 @@
 cimport cython
 
 from relay.server.pending cimport PendingInputs
-from relay.server.timing cimport CloseTimes, InputTimes
+from relay.server.timing cimport InputTimes
 
 
 cdef class Slot:
@@ -75,7 +75,6 @@ cdef class Room:
     cdef public list frame_recipients
     cdef public bytes unsent_frame
     cdef public bint report_frames
-    cdef readonly CloseTimes close_times
     cdef public InputTimes input_times
     cdef public Py_ssize_t advice_phase
     cdef public int group               # the core's group its players' DATA is held in (-1: none)
@@ -94,7 +93,7 @@ cdef class Room:
                    answered=Py_ssize_t, late=Py_ssize_t, percentile=double)
     cpdef _advise_input_delay(self, Member member, double now)
 
-    @cython.locals(times=InputTimes, response=double, slot=Py_ssize_t)
+    @cython.locals(times=InputTimes, slot=Py_ssize_t)
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
     @cython.locals(received=list, previous=list, inputs=list, synthesized=list, make_up=bint,

@@ -37,7 +37,7 @@ from relay.server.history import FrameHistory
 from relay.frames import encode_frame_of
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Welcome
 from relay.server.pending import PendingInputs
-from relay.server.timing import CloseTimes, InputTimes
+from relay.server.timing import InputTimes
 
 WAITING, RUNNING, ENDED = "waiting", "running", "ended"
 ACCEPTED, LATE = "accepted", "late"
@@ -200,12 +200,11 @@ class Room:
         """Report every closed frame as a "frame" event (for replays; a server without them
         turns it off: one event per room and tick it would drop unread)."""
         self.started_at: Optional[float] = None
-        self.close_times = CloseTimes()
-        """When recent frames closed: inputs naming one as held are timed from then."""
         self.input_times: Optional[InputTimes] = (
             InputTimes(self.capacity, settings.input_delay_window)
             if settings.input_delay_advice else None)
-        """The players' input response times, for the input-delay advice (None: no advice)."""
+        """When recent frames closed and the players' response times to them, for the
+        input-delay advice (None: no advice)."""
         self.advice_phase = zlib.crc32(room_id.encode()) % ADVICE_EVERY_FRAMES
         """The room's players are reviewed together, at frames n with (n + phase) a multiple of
         ADVICE_EVERY_FRAMES: one pass over its table, and rooms spread over the ticks."""
@@ -509,10 +508,8 @@ class Room:
         times = self.input_times
         if times is None or have >= self.open_frame or member.catching_up:
             return
-        response = self.close_times.since(have, now)
-        if response >= 0.0:
-            slot: int = member.slot     # type: ignore[assignment]  # a player's: an int
-            times.record(slot, have, frame < self.open_frame, response)
+        slot: int = member.slot     # type: ignore[assignment]  # a player's: an int
+        times.answer(slot, have, frame < self.open_frame, now)
 
     def _advise_input_delay(self, member: Member, now: float) -> None:
         times = self.input_times
@@ -614,7 +611,8 @@ class Room:
         self.last_inputs = inputs
         self.pending_events = []
         self.history.append(data)
-        self.close_times.record(number, now)
+        if self.input_times is not None:
+            self.input_times.close(number, now)
         self.open_frame += 1
         spectator_frame = number - self.settings.spectator_delay
         broadcast = self.fan_out(number, data, now, spectator_frame, self.settings.catchup_frames,

@@ -1,7 +1,8 @@
 cdef class InputTimes:
-    # A room's table, row r for the frame answered tags[r] (-1: none): per slot a mark byte
-    # and a response time. One row holds all the room's players, so the inputs of one tick
-    # write one or two lines between them (a ring per player cost each input two cold lines).
+    # A room's table, a row per recent frame (its number, -1: none, and when it closed), and in
+    # it per slot a mark byte and a response time. One row holds all the room's players, so the
+    # inputs of one tick read and write one or two lines between them (a ring per player and a
+    # room's separate close times cost each input three cold lines).
     cdef char* table
     cdef readonly Py_ssize_t slots
     cdef readonly Py_ssize_t window
@@ -13,14 +14,7 @@ cdef class InputTimes:
 
     cdef int _check_slot(self, Py_ssize_t slot) except -1
 
-    cpdef void record(self, Py_ssize_t slot, long long answered, bint late, double response) except *
+    cpdef void close(self, long long frame, double now) except *
+    cpdef double answer(self, Py_ssize_t slot, long long answered, bint late, double now) except? -2.0
     cpdef void clear_slot(self, Py_ssize_t slot) except *
     cpdef tuple review(self, Py_ssize_t slot, long long newest, double percent)
-
-
-cdef class CloseTimes:
-    cdef long long* numbers
-    cdef double* closed_at
-
-    cpdef int record(self, long long number, double now) except -1
-    cpdef double since(self, long long number, double now)

@@ -1,10 +1,10 @@
 # cython: cdivision=True
-"""Per-room timing behind the input-delay advice, over C arrays.
+"""Per-room timing behind the input-delay advice, over one C table.
 
-Every player's every input is timed against the close of the frame it names as held
-(``CloseTimes.since``) and lands in its room's ``InputTimes``: a row per frame answered, a
-cell per slot (a mark byte and 4 bytes of response time), ``window`` rows; and 16 bytes a
-frame of close times.
+Every player's every input is timed against the close of the frame it names as held. A room's
+``InputTimes`` has a row per recent frame: when it closed, and per slot a mark byte and the
+response time of the player's answer to it (4 bytes), so an input reads the close time and
+writes its answer in the same line, one its room's other players' inputs share.
 """
 from cpython.mem cimport PyMem_Malloc, PyMem_Calloc, PyMem_Free
 from libc.math cimport ceil
@@ -12,10 +12,6 @@ from libc.stdint cimport uint8_t
 from libc.string cimport memset
 
 cdef enum:
-    # Close times kept for timing inputs (16 bytes a frame, per room): a client whose newest
-    # frame is older than this is far behind (past the default catchup_frames of 150 it gets a
-    # catch-up block), and its inputs say nothing about its link.
-    CLOSE_TIMES_KEPT = 256
     # Response times a percentile sorts on the stack (the default window is 150); more on the heap.
     SELECT_ON_STACK = 1024
     # A percentile this close to the top is read in one pass that keeps the largest few (the
@@ -24,6 +20,8 @@ cdef enum:
     # A cell's mark: the player answered the row's frame; and one of its inputs doing so was late.
     MARK_TIMED = 1
     MARK_LATE = 2
+    # Where a row's marks start: after its frame number and close time.
+    MARKS_AT = sizeof(long long) + sizeof(double)
 
 
 cdef double _select(double* values, Py_ssize_t n, Py_ssize_t k) noexcept:
@@ -77,13 +75,13 @@ cdef double _top(const double* values, Py_ssize_t n, Py_ssize_t m) noexcept:
 
 
 cdef class InputTimes:
-    """A room's recent input response times, by the frame each input answered (the ``have`` it
-    named: the client sent it on holding that frame) and slot, for the last ``window`` frames.
+    """A room's recent frames, a row each (the last ``window``): when the frame closed and, per
+    slot, the response time of the player's answer to it (an input naming it as ``have``: the
+    client sent it on holding that frame), the time from the close to the input's arrival.
 
     A cell keeps the slowest response among the player's inputs answering that frame (one,
     unless it sent several at once) and whether any of them was late (arrived after the
-    frame it was for had closed). A row is reused for the frame ``window`` later: whatever
-    a slot did not answer in between reads as not answered.
+    frame it was for had closed). A row is reused for the frame ``window`` later.
     """
     def __cinit__(self, Py_ssize_t slots, Py_ssize_t window):
         cdef Py_ssize_t row
@@ -93,8 +91,9 @@ cdef class InputTimes:
             raise ValueError(f"input times window must be at least 1, got {window}")
         self.slots = slots
         self.window = window
-        # [tag: long long][marks: slots bytes, padded to 4][responses: slots floats], 8-aligned
-        self.responses_at = sizeof(long long) + ((slots + 3) & ~3)
+        # [frame: long long][closed at: double][marks: slots bytes, padded to 4]
+        # [responses: slots floats], 8-aligned
+        self.responses_at = sizeof(long long) + sizeof(double) + ((slots + 3) & ~3)
         self.row_bytes = (self.responses_at + slots * sizeof(float) + 7) & ~7
         self.table = <char*>PyMem_Calloc(window, self.row_bytes)
         if self.table == NULL:
@@ -110,35 +109,45 @@ cdef class InputTimes:
             raise ValueError(f"slot {slot} is not in 0..{self.slots - 1}")     # a C index
         return 0
 
-    cpdef void record(self, Py_ssize_t slot, long long answered, bint late, double response) except *:
-        """An input of slot ``slot`` answering frame ``answered`` (>= 0), ``response`` seconds
-        after that frame closed; ``late``: it arrived after the frame it was for had closed."""
+    cpdef void close(self, long long frame, double now) except *:
+        """Frame ``frame`` closed at ``now``: its row, answered by no one yet."""
         cdef char* row
-        cdef long long* tag
+        if frame < 0:
+            raise ValueError(f"frame must be >= 0, got {frame}")     # its row: frame % window
+        row = self._row(frame)
+        (<long long*>row)[0] = frame
+        (<double*>(row + sizeof(long long)))[0] = now
+        memset(row + MARKS_AT, 0, self.slots)
+
+    cpdef double answer(self, Py_ssize_t slot, long long answered, bint late, double now) except? -2.0:
+        """An input of slot ``slot`` arriving at ``now`` answers frame ``answered``; ``late``: it
+        arrived after the frame it was for had closed. Its response time (at least 0), or -1.0
+        when that frame's close is not held (never closed, or older than the window): then the
+        input is not timed."""
+        cdef char* row
         cdef uint8_t* mark
         cdef float* held
+        cdef double response
         self._check_slot(slot)
         if answered < 0:
-            raise ValueError(f"answered must be >= 0, got {answered}")     # its row: answered % window
+            return -1.0
         row = self._row(answered)
-        tag = <long long*>row
-        if tag[0] != answered:
-            if tag[0] > answered:
-                return              # a newer frame holds the row: this one is out of the window
-            memset(row + sizeof(long long), 0, self.slots)
-            tag[0] = answered
-        mark = <uint8_t*>row + sizeof(long long) + slot
+        if (<long long*>row)[0] != answered:
+            return -1.0
+        response = max(0.0, now - (<double*>(row + sizeof(long long)))[0])
+        mark = <uint8_t*>row + MARKS_AT + slot
         held = <float*>(row + self.responses_at) + slot
         if not (mark[0] & MARK_TIMED) or response > held[0]:
             held[0] = <float>response
         mark[0] |= MARK_TIMED | (MARK_LATE if late else 0)
+        return response
 
     cpdef void clear_slot(self, Py_ssize_t slot) except *:
         """Forget the slot's answers (a new player takes it)."""
         cdef Py_ssize_t row
         self._check_slot(slot)
         for row in range(self.window):
-            (<uint8_t*>self.table + row * self.row_bytes + sizeof(long long))[slot] = 0
+            (<uint8_t*>self.table + row * self.row_bytes + MARKS_AT)[slot] = 0
 
     cpdef tuple review(self, Py_ssize_t slot, long long newest, double percent):
         """(answered, late, percentile) of the slot over frames newest - window + 1 .. newest:
@@ -148,7 +157,7 @@ cdef class InputTimes:
         cdef long long first = newest - self.window + 1
         cdef uint8_t mark
         cdef const char* at = self.table
-        cdef Py_ssize_t mark_at = sizeof(long long) + slot
+        cdef Py_ssize_t mark_at = MARKS_AT + slot
         cdef Py_ssize_t response_at = self.responses_at + slot * sizeof(float)
         cdef double value = 0.0
         cdef double values_here[SELECT_ON_STACK]
@@ -179,39 +188,3 @@ cdef class InputTimes:
             if values != values_here:
                 PyMem_Free(values)
         return samples, late, value
-
-
-cdef class CloseTimes:
-    """When a room's recent frames closed: frame n in slot n % CLOSE_TIMES_KEPT."""
-
-    def __cinit__(self):
-        cdef Py_ssize_t i
-        self.numbers = <long long*>PyMem_Malloc(CLOSE_TIMES_KEPT * sizeof(long long))
-        self.closed_at = <double*>PyMem_Calloc(CLOSE_TIMES_KEPT, sizeof(double))
-        if self.numbers == NULL or self.closed_at == NULL:
-            raise MemoryError()
-        for i in range(CLOSE_TIMES_KEPT):
-            self.numbers[i] = -1
-
-    def __dealloc__(self):
-        PyMem_Free(self.numbers)
-        PyMem_Free(self.closed_at)
-
-    cpdef int record(self, long long number, double now) except -1:
-        """Frame ``number`` closed at ``now``."""
-        if number < 0:
-            raise ValueError(f"number must be >= 0, got {number}")     # its slot: number % KEPT
-        self.numbers[number % CLOSE_TIMES_KEPT] = number
-        self.closed_at[number % CLOSE_TIMES_KEPT] = now
-        return 0
-
-    cpdef double since(self, long long number, double now):
-        """Seconds from the close of frame ``number`` to ``now`` (at least 0), or -1.0 when that
-        close is not kept (never recorded, or too old)."""
-        cdef Py_ssize_t index
-        if number < 0:
-            return -1.0
-        index = number % CLOSE_TIMES_KEPT
-        if self.numbers[index] != number:
-            return -1.0
-        return max(0.0, now - self.closed_at[index])

@@ -339,13 +339,13 @@ def test_accept_input_refuses_a_payload_of_none():
         quiet_room().accept_input(1, 0, None, -1, 0.0)
 
 
-def test_close_times_refuse_a_negative_frame():
-    # Its slot is number % 256 in C: a negative number would write before the array.
-    close_times = timing.CloseTimes()
-    with pytest.raises(ValueError, match="number must be >= 0"):
-        close_times.record(-1, 0.0)
-    close_times.record(0, 0.0)
-    assert close_times.since(-1, 1.0) == -1.0 and close_times.since(0, 1.0) == 1.0
+def test_input_times_refuse_a_negative_frame_and_time_no_answer_to_it():
+    # Its row is frame % window in C: a negative frame would write before the table.
+    times = timing.InputTimes(2, 150)
+    with pytest.raises(ValueError, match="frame must be >= 0"):
+        times.close(-1, 0.0)
+    times.close(0, 0.0)
+    assert times.answer(0, -1, False, 1.0) == -1.0 and times.answer(0, 0, False, 1.0) == 1.0
 
 
 def test_input_times_refuse_an_empty_window_and_a_slot_outside_the_room():
@@ -359,6 +359,8 @@ def test_input_times_refuse_an_empty_window_and_a_slot_outside_the_room():
             times.review(slot, 0, 99.0)
         with pytest.raises(ValueError, match="slot"):
             times.clear_slot(slot)
+        with pytest.raises(ValueError, match="slot"):
+            times.answer(slot, 0, False, 0.0)
 
 
 class QuietRoom(compiled_room.Room):

@@ -256,20 +256,27 @@ def test_over_a_60_ms_round_trip_the_advice_settles_where_late_inputs_are_rare(t
     asyncio.run(scenario())
 
 
+def answered(times, slot, frame, late, response, closed_at=100.0):
+    """Frame ``frame`` closed at ``closed_at`` (if its row does not hold it yet) and the slot's
+    input answering it arrived ``response`` seconds later."""
+    return times.answer(slot, frame, late, closed_at + response)
+
+
 def test_input_times_keep_the_last_window_of_frames_and_take_nearest_rank_percentiles():
     from relay.server.timing import InputTimes
 
     times = InputTimes(2, 5)
     assert times.review(0, 10, 99.0) == (0, 0, 0.0)
     for frame, value in enumerate([0.5, 0.1, 0.4, 0.2, 0.3, 0.9, 0.05]):
-        times.record(0, frame, frame % 2 == 0, value)
-        times.record(1, frame, False, 1.0)
+        times.close(frame, 100.0)
+        assert answered(times, 0, frame, frame % 2 == 0, value) == pytest.approx(value)
+        answered(times, 1, frame, False, 1.0)
     window = [0.4, 0.2, 0.3, 0.9, 0.05]         # frames 2..6, the last five answered
     for percent in (1, 20, 40, 50, 60, 80, 99, 100):
         rank = max(1, -(-percent * 5 // 100))
-        answered, late, value = times.review(0, 6, percent)
+        count, late, value = times.review(0, 6, percent)
         # Samples are kept as 32-bit floats.
-        assert answered == 5 and value == pytest.approx(sorted(window)[rank - 1], rel=1e-6)
+        assert count == 5 and value == pytest.approx(sorted(window)[rank - 1], rel=1e-6)
     assert times.review(0, 6, 99.0)[1] == 3     # frames 2, 4 and 6 were answered late
     assert times.review(1, 6, 50.0) == (5, 0, 1.0)
     # Reviewed later, frames older than the window no longer count, answered or not.
@@ -279,23 +286,26 @@ def test_input_times_keep_the_last_window_of_frames_and_take_nearest_rank_percen
         InputTimes(2, 0)
 
 
-def test_input_times_keep_the_slowest_answer_to_a_frame_and_ignore_frames_past_the_window():
+def test_input_times_keep_the_slowest_answer_to_a_frame_and_time_only_frames_they_hold():
     from relay.server.timing import InputTimes
 
     times = InputTimes(1, 4)
-    times.record(0, 7, False, 0.05)
-    times.record(0, 7, True, 0.02)              # a second input answering frame 7
+    assert answered(times, 0, 7, False, 0.05) == -1.0     # frame 7 never closed: not timed
+    times.close(7, 100.0)
+    assert times.review(0, 7, 100.0) == (0, 0, 0.0)
+    answered(times, 0, 7, False, 0.05)
+    answered(times, 0, 7, True, 0.02)           # a second input answering frame 7
     assert times.review(0, 7, 100.0) == (1, 1, pytest.approx(0.05))
-    times.record(0, 3, False, 0.9)              # frame 7 holds its row: 3 is out of the window
-    assert times.review(0, 7, 100.0) == (1, 1, pytest.approx(0.05))
-    times.record(0, 11, False, 0.01)            # frame 11 takes the row over from 7
+    assert answered(times, 0, 3, False, 0.9) == -1.0      # frame 7 holds its row, not 3
+    assert times.answer(0, 7, False, 99.0) == 0.0         # before the close (clocks): 0
+    times.close(11, 200.0)                      # frame 11 takes the row over from 7
+    assert times.review(0, 11, 100.0) == (0, 0, 0.0)
+    answered(times, 0, 11, False, 0.01, closed_at=200.0)
     assert times.review(0, 11, 100.0) == (1, 0, pytest.approx(0.01))
     times.clear_slot(0)
     assert times.review(0, 11, 100.0) == (0, 0, 0.0)
     with pytest.raises(ValueError, match="slot"):
-        times.record(1, 0, False, 0.0)
-    with pytest.raises(ValueError, match="answered"):
-        times.record(0, -1, False, 0.0)
+        times.answer(1, 11, False, 0.0)
 
 
 def test_input_times_percentiles_match_a_sort_on_random_windows():
@@ -313,14 +323,15 @@ def test_input_times_percentiles_match_a_sort_on_random_windows():
             late = rng.random() < 0.3
             values.append(value)
             marks.append(late)
-            times.record(1, frame, late, value)
+            times.close(frame, 100.0)
+            answered(times, 1, frame, late, value)
         held = sorted(values[-window:])
         # Around the 16 largest (read in one pass) and past them (selected).
         near_top = [100 * (len(held) - m + 0.5) / len(held) for m in (1, 2, 15, 16, 17, 18)
                     if m <= len(held)]
         for percent in [0.1, 10, 50, 90, 95, 99, 100] + near_top:
             rank = max(1, math.ceil(percent / 100 * len(held)))
-            answered, late, value = times.review(1, frames - 1, percent)
-            assert answered == len(held) and late == sum(marks[-window:]), window
+            count, late, value = times.review(1, frames - 1, percent)
+            assert count == len(held) and late == sum(marks[-window:]), window
             assert value == pytest.approx(held[rank - 1], rel=1e-6), (window, percent)
         assert times.review(0, frames - 1, 99.0) == (0, 0, 0.0)
