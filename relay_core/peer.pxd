@@ -1,7 +1,7 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from relay_core.rtt cimport Rtt, RttLimits
 from relay_core.redundancy cimport LinkSettings, LinkState, LINK_CLEAN
-from relay_core.channel cimport ReceiveChannel, SendChannel, SentUnits
+from relay_core.channel cimport ReceiveChannel, SendChannel, SentUnit, SentUnits
 from relay_core.fragment cimport MemoryBudget
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.wire cimport DataHeader, SessionPacket
@@ -38,9 +38,11 @@ cdef enum PeerTrigger:
 cdef struct SentPacket:
     double time
     uint64_t unit_start                 # its units in the ring: [unit_start, unit_start + unit_count)
-    uint32_t unit_count
     uint32_t stamp                      # the datagram stamp channels remember their last write by
     uint32_t tag                        # its seq, or 0xFFFFFFFF: an empty slot
+    # A copy of its first unit (a relay's frame datagram carries one): its ack reads no ring.
+    SentUnit first_unit
+    uint16_t unit_count
     uint8_t acked
 
 

@@ -608,7 +608,7 @@ cdef class Peer:
         if not units_hold(units, start):
             return
         for u in range(start, start + packet.unit_count):
-            unit = &units.ring[u & (units.capacity - 1)]
+            unit = &packet.first_unit if u == start else &units.ring[u & (units.capacity - 1)]
             self.send_channel(unit.channel).on_ack(unit.msg_id, unit.fragment, packet.time)
 
     cdef void detect_gaps(self, uint16_t newest, double now):
@@ -774,7 +774,9 @@ cdef class Peer:
             packet.time = now
             packet.acked = 0
             packet.unit_start = units_start
-            packet.unit_count = <uint32_t>(self.units.head - units_start)
+            packet.unit_count = <uint16_t>(self.units.head - units_start)
+            if packet.unit_count:
+                packet.first_unit = self.units.ring[units_start & (self.units.capacity - 1)]
             packet.stamp = self.stamp
             self.in_flight = (self.in_flight << 1) | 1
             self.data_sent = (self.data_sent << 1) | 1
