@@ -50,9 +50,10 @@ DESYNC_WAIT_FRAMES = 30
 HISTORY_BLOCK_FRAMES = 16384
 # Newest frames of a room's history kept in memory (~1 s at 30 Hz; up to 32 more wait to be spooled).
 HISTORY_IN_MEMORY = 32
-# Each player's input-delay advice is recomputed this often, frames (staggered by slot).
+# Each player's input-delay advice is recomputed this often, frames (a room's players together,
+# rooms spread over the interval by advice_phase).
 ADVICE_EVERY_FRAMES = 15
-# Response times needed before the first advice.
+# Frames answered within the window needed before the first advice.
 ADVICE_MIN_SAMPLES = 10
 # Rooms closed between two sends of what the tick's pass flushed so far (close_frames'
 # send_ready): 32 rooms of 8 fill a few sendmmsg batches.

@@ -268,3 +268,31 @@ def test_the_desync_wait_starts_with_the_first_disagreeing_checksum():
     assert harness.take_events("desync") == []
     harness.tick(1)
     assert [e.detail["frame"] for e in harness.take_events("desync")] == [5]
+
+
+def test_the_first_desync_is_the_earliest_frame_even_when_a_later_one_is_reported_first():
+    # A frame waits for every player's checksum (or 30 frames): frame 20 can be reported
+    # before frame 10, whose third checksum never comes; first_diverging_frame is still 10.
+    harness, (alice, bob, carol) = running(("alice", "bob", "carol"))
+    room = harness.room
+    harness.tick(40)
+    harness.take_events()
+    harness.checksum(alice, 10, 1)
+    harness.checksum(bob, 10, 2)                       # carol never answers for frame 10
+    for player, value in ((alice, 5), (bob, 6), (carol, 5)):
+        harness.checksum(player, 20, value)
+    [later] = harness.take_events("desync")
+    assert later.detail["frame"] == 20 and later.detail["first_diverging_frame"] == 20
+    harness.tick(30)
+    [earlier] = harness.take_events("desync")
+    assert earlier.detail["frame"] == 10 and earlier.detail["first_diverging_frame"] == 10
+    assert room.first_desync == 10
+
+
+def test_rooms_review_their_players_at_phases_spread_over_the_advice_interval():
+    from relay.config import RoomSettings
+    from relay.server.room import ADVICE_EVERY_FRAMES, Room
+
+    phases = {Room(f"room-{i}", RoomSettings(), 30, 0.0).advice_phase for i in range(60)}
+    assert all(0 <= phase < ADVICE_EVERY_FRAMES for phase in phases)
+    assert len(phases) >= ADVICE_EVERY_FRAMES // 2       # crc32 of the ids spreads them
