@@ -12,7 +12,7 @@ relay.protocol.decode_client_message, which accepts or rejects it with a reason.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, int64_t
-from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from libc.string cimport memcmp, memcpy, memset
 
 EVENT_KINDS = ("join", "leave", "timeout", "reconnect")
@@ -165,77 +165,122 @@ def encode_frame(frame, previous=None):
 def encode_frame_of(Py_ssize_t number, frame_inputs, frame_events, list synthesized not None,
                     previous=None):
     """``encode_frame`` of a frame given by its fields, with no Frame object (a room's tick)."""
-    # Private copies: the inputs are indexed unchecked and sized in one pass, written in the
-    # next, and comparing with ``previous`` may run Python code (an item's __eq__) that
-    # changes the caller's lists in between.
+    # Private copies: the inputs are indexed unchecked, and comparing with ``previous`` may run
+    # Python code (an item's __eq__) that changes the caller's lists in between.
     cdef list inputs = list(frame_inputs)
-    cdef list events = list(frame_events)
-    cdef list encoded_events = []       # (code, slot, player name in UTF-8) per event
-    cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3
+    cdef tuple earlier = () if previous is None else tuple(previous)
+    cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3, slot, value
+    cdef Py_ssize_t previous_count = min(len(earlier), count)
+    cdef InputRef refs_here[2 * BITMAP_BYTES_ON_STACK * 8]
+    cdef uint8_t synth_here[BITMAP_BYTES_ON_STACK]
+    cdef InputRef* refs = refs_here
+    cdef uint8_t* synth = synth_here
+    cdef object payload
+    if count > BITMAP_BYTES_ON_STACK * 8:
+        refs = <InputRef*>PyMem_Malloc(2 * count * sizeof(InputRef))
+        synth = <uint8_t*>PyMem_Calloc(1, width)
+        if refs == NULL or synth == NULL:
+            PyMem_Free(refs)
+            PyMem_Free(synth)
+            raise MemoryError()
+    else:
+        memset(synth, 0, width)
+    try:
+        for slot in range(count):
+            payload = inputs[slot]
+            if payload is not None and type(payload) is not bytes:  # a bytes-like input, read once
+                payload = bytes(memoryview(payload))
+                inputs[slot] = payload
+            _ref(&refs[slot], payload)
+        for slot in range(previous_count):
+            payload = earlier[slot]
+            if type(payload) is bytes or payload is None:
+                _ref(&refs[count + slot], payload)
+            elif inputs[slot] is not None and payload == inputs[slot]:
+                refs[count + slot] = refs[slot]     # equal as Python compares them
+            else:
+                refs[count + slot].size = -1
+        for value in synthesized:
+            slot = value
+            if not 0 <= slot < count or inputs[slot] is None:
+                raise ValueError(f"synthesized slot {slot} has no input in frame {number}")
+            synth[slot >> 3] |= 1 << (slot & 7)
+        return encode_frame_refs(number, count, refs, refs + count, previous_count,
+                                 synth if synthesized else NULL, list(frame_events))
+    finally:
+        if refs != refs_here:
+            PyMem_Free(refs)
+            PyMem_Free(synth)
+
+
+cdef inline void _ref(InputRef* ref, object payload) noexcept:
+    if payload is None:
+        ref.size = -1
+    else:
+        ref.data = <const uint8_t*>PyBytes_AS_STRING(payload)
+        ref.size = PyBytes_GET_SIZE(payload)
+
+
+cdef inline bint _same(const InputRef* a, const InputRef* b) noexcept:
+    return a.size == b.size and memcmp(a.data, b.data, a.size) == 0
+
+
+cdef bytes encode_frame_refs(Py_ssize_t number, Py_ssize_t count, const InputRef* inputs,
+                             const InputRef* previous, Py_ssize_t previous_count,
+                             const uint8_t* synthesized, list events):
+    """The FRAME of frame ``number``: slot i's input at ``inputs[i]`` (size -1: none), the
+    previous frame's at ``previous[i]`` for i < previous_count (inputs equal to it are sent as
+    "same"), ``synthesized`` a bitmap of the slots made up (NULL: none; each must have an
+    input) and ``events`` (kind, slot, player) tuples. The one FRAME encoder: ``encode_frame_of``
+    and a room's rows (relay.server.pending) both call it."""
+    cdef Py_ssize_t width = (count + 7) >> 3
+    cdef uint8_t bitmaps_here[2 * BITMAP_BYTES_ON_STACK]
+    cdef uint8_t* bitmaps = bitmaps_here
     if number < 0:
         raise ValueError(f"frame.number must be >= 0, got {number}")
-    # The three bitmaps (present, same, synthesized), on the stack for up to 256 slots.
-    cdef uint8_t bitmaps_here[3 * BITMAP_BYTES_ON_STACK]
-    cdef uint8_t* bitmaps = bitmaps_here
     if width > BITMAP_BYTES_ON_STACK:
-        bitmaps = <uint8_t*>PyMem_Calloc(3, width)
+        bitmaps = <uint8_t*>PyMem_Calloc(2, width)
         if bitmaps == NULL:
             raise MemoryError()
     else:
-        memset(bitmaps, 0, 3 * width)
+        memset(bitmaps, 0, 2 * width)
     try:
-        return _encode_frame(number, inputs, synthesized, events, encoded_events,
-                             count, width, bitmaps, previous)
+        return _encode_frame(number, count, width, inputs, previous, previous_count,
+                             synthesized, events, bitmaps, bitmaps + width)
     finally:
         if bitmaps != bitmaps_here:
             PyMem_Free(bitmaps)
 
 
-cdef inline bint _same_input(object earlier, object payload) except -1:
-    """Whether the previous frame's input for a slot equals this one (bytes compared in C)."""
-    if earlier is None:
-        return False
-    if type(earlier) is bytes:
-        return (PyBytes_GET_SIZE(earlier) == PyBytes_GET_SIZE(payload)
-                and memcmp(PyBytes_AS_STRING(earlier), PyBytes_AS_STRING(payload),
-                           PyBytes_GET_SIZE(payload)) == 0)
-    return earlier == payload
-
-
-cdef bytes _encode_frame(Py_ssize_t number, list inputs, list synthesized,
-                         list events, list encoded_events, Py_ssize_t count, Py_ssize_t width,
-                         uint8_t* bitmaps, object previous):
-    cdef Py_ssize_t slot, size, pos, length, previous_count, code, event_slot
-    cdef bint any_same = False
-    cdef uint8_t* present = bitmaps
-    cdef uint8_t* same = bitmaps + width
-    cdef uint8_t* synth = bitmaps + 2 * width
+cdef bytes _encode_frame(Py_ssize_t number, Py_ssize_t count, Py_ssize_t width,
+                         const InputRef* inputs, const InputRef* previous,
+                         Py_ssize_t previous_count, const uint8_t* synth, list events,
+                         uint8_t* present, uint8_t* same):
+    cdef Py_ssize_t slot, size, pos, length, code, event_slot
+    cdef bint any_same = False, any_synth = False
+    cdef list encoded_events = None         # (code, slot, player name in UTF-8) per event
     cdef bytes name
-    cdef object payload
-    previous = () if previous is None else tuple(previous)
-    previous_count = len(previous)
     size = 1 + _varint_size(number) + 1 + _varint_size(count)
     for slot in range(count):
-        payload = inputs[slot]
-        if payload is None:
+        if inputs[slot].size < 0:
+            if synth != NULL and synth[slot >> 3] & (1 << (slot & 7)):
+                raise ValueError(f"synthesized slot {slot} has no input in frame {number}")
             continue
-        if type(payload) is not bytes:      # a bytes-like input, read once
-            payload = bytes(memoryview(payload))
-            inputs[slot] = payload
         present[slot >> 3] |= 1 << (slot & 7)
-        if slot < previous_count and _same_input(previous[slot], payload):
+        if slot < previous_count and _same(&previous[slot], &inputs[slot]):
             same[slot >> 3] |= 1 << (slot & 7)
             any_same = True
         else:
-            length = PyBytes_GET_SIZE(payload)
+            length = inputs[slot].size
             size += _varint_size(length) + length
-    for value in synthesized:
-        slot = value
-        if not 0 <= slot < count or inputs[slot] is None:
-            raise ValueError(f"synthesized slot {slot} has no input in frame {number}")
-        synth[slot >> 3] |= 1 << (slot & 7)
-    size += width * (1 + (1 if any_same else 0) + (1 if synthesized else 0))
+    if synth != NULL:
+        for slot in range(width):
+            if synth[slot]:
+                any_synth = True
+                break
+    size += width * (1 + (1 if any_same else 0) + (1 if any_synth else 0))
     if events:
+        encoded_events = []
         size += _varint_size(len(events))
         for kind, event_slot, player in events:
             code = _EVENT_CODES[kind]
@@ -248,27 +293,23 @@ cdef bytes _encode_frame(Py_ssize_t number, list inputs, list synthesized,
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
     p[0] = FRAME_MARKER
     pos = _put_varint(p, 1, number)
-    p[pos] = ((FLAG_SAME if any_same else 0) | (FLAG_SYNTHESIZED if synthesized else 0)
+    p[pos] = ((FLAG_SAME if any_same else 0) | (FLAG_SYNTHESIZED if any_synth else 0)
               | (FLAG_EVENTS if events else 0))
     pos = _put_varint(p, pos + 1, count)
-    for slot in range(width):
-        p[pos + slot] = present[slot]
+    memcpy(p + pos, present, width)
     pos += width
     if any_same:
-        for slot in range(width):
-            p[pos + slot] = same[slot]
+        memcpy(p + pos, same, width)
         pos += width
-    if synthesized:
-        for slot in range(width):
-            p[pos + slot] = synth[slot]
+    if any_synth:
+        memcpy(p + pos, synth, width)
         pos += width
     for slot in range(count):
-        payload = inputs[slot]
-        if payload is None or same[slot >> 3] & (1 << (slot & 7)):
+        length = inputs[slot].size
+        if length < 0 or same[slot >> 3] & (1 << (slot & 7)):
             continue
-        length = PyBytes_GET_SIZE(payload)
         pos = _put_varint(p, pos, length)
-        memcpy(p + pos, PyBytes_AS_STRING(payload), length)
+        memcpy(p + pos, inputs[slot].data, length)
         pos += length
     if events:
         pos = _put_varint(p, pos, len(events))

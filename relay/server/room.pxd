@@ -60,7 +60,6 @@ cdef class Room:
     cdef public object history
     cdef readonly PendingInputs pending # inputs for the open frame and those after it
     cdef public list pending_events
-    cdef public list last_inputs
     cdef public str missing_input_policy
     cdef public object neutral_input
     cdef public long long synthesized_inputs
@@ -96,9 +95,8 @@ cdef class Room:
     @cython.locals(times=InputTimes, slot=Py_ssize_t)
     cdef void _time_input(self, Member member, long long frame, long long have, double now) except *
 
-    @cython.locals(received=list, previous=list, inputs=list, synthesized=list, make_up=bint,
-                   repeat=bint, index=Py_ssize_t, slots=list)
-    cpdef tuple collect_inputs(self, long long number)
+    @cython.locals(pending=PendingInputs, synthesized=list, index=Py_ssize_t, made_up=bint)
+    cpdef list make_up_inputs(self)
 
     @cython.locals(slot=Slot)
     cdef bint _connected(self, Py_ssize_t index) except -1

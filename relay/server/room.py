@@ -34,7 +34,6 @@ from typing import Optional
 from relay import protocol
 from relay.config import RoomSettings
 from relay.server.history import FrameHistory
-from relay.frames import encode_frame_of
 from relay.protocol import CONTROL, STREAM, Checksum, Input, Welcome
 from relay.server.pending import PendingInputs
 from relay.server.timing import InputTimes
@@ -174,8 +173,6 @@ class Room:
         # and slot index; the open frame's are taken when it closes.
         self.pending = PendingInputs(self.capacity, self.max_input_lead + 1)
         self.pending_events: list[list] = []
-        self.last_inputs: list = []
-        """Inputs of the last closed frame: the next frame is encoded relative to them."""
         self.missing_input_policy = settings.missing_input_policy
         self.neutral_input = settings.neutral_input_bytes
         self.synthesized_inputs = 0
@@ -607,10 +604,10 @@ class Room:
                                        peer_ids=self.frame_recipients))
             self.unsent_frame = None
         number = self.open_frame
-        inputs, synthesized = self.collect_inputs(number)
-        data = encode_frame_of(number, inputs, self.pending_events, synthesized, self.last_inputs)
-        self.last_inputs = inputs
-        self.pending_events = []
+        synthesized = self.make_up_inputs()
+        data = self.pending.close(number, len(self.slots), synthesized, self.pending_events)
+        if self.pending_events:
+            self.pending_events = []
         self.history.append(data)
         if self.input_times is not None:
             self.input_times.close(number, now)
@@ -638,34 +635,33 @@ class Room:
             self.reported_desyncs.discard(stale)
             self.pending_desyncs.pop(stale, None)
 
-    def collect_inputs(self, number: int) -> tuple[list, list]:
-        """Frame ``number``'s input per slot from those received for it, a connected player's
-        missing one made up by missing_input_policy: (inputs, synthesized slot indexes)."""
-        received = self.pending.take(number)
-        previous = self.last_inputs
-        inputs = []
-        synthesized = []
-        make_up = self.missing_input_policy != "none"
-        repeat = self.missing_input_policy == "repeat"
-        # A slot's index is its place in slots: its Slot is looked into only for a missing input.
-        slots = self.slots
-        for index in range(len(slots)):
-            if slots[index] is None:
-                raise TypeError("slots must hold Slot objects, not None")
-            value = received[index] if received is not None else None
-            if value is None and make_up and self._connected(index):
-                if repeat:
-                    value = previous[index] if 0 <= index < len(previous) else None
-                else:
-                    value = self.neutral_input
-                if value is not None:
-                    synthesized.append(index)
-            inputs.append(value)
-        self.synthesized_inputs += len(synthesized)
-        return inputs, synthesized
+    def make_up_inputs(self) -> Optional[list]:
+        """The open frame's missing input of each connected player made up by
+        missing_input_policy ("repeat": the player's input of the previous frame, if it had
+        one; "neutral": the neutral input); returns the slots made up, or None."""
+        if self.missing_input_policy == "none":
+            return None
+        pending = self.pending
+        synthesized: Optional[list] = None
+        for index in pending.missing(len(self.slots)):
+            if not self._connected(index):
+                continue
+            if self.missing_input_policy == "repeat":
+                made_up = pending.repeat(index)
+            else:
+                made_up = pending.put(self.open_frame, index, self.neutral_input)
+            if made_up:
+                if synthesized is None:
+                    synthesized = []
+                synthesized.append(index)
+        if synthesized is not None:
+            self.synthesized_inputs += len(synthesized)
+        return synthesized
 
     def _connected(self, index: int) -> bool:
         slot = self.slots[index]
+        if slot is None:
+            raise TypeError("slots must hold Slot objects, not None")
         return slot.peer_id is not None
 
     def fan_out(self, number: int, data: bytes, now: float, spectator_frame: int, catchup_frames: int,

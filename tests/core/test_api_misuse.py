@@ -412,11 +412,12 @@ def test_fan_out_refuses_a_member_that_is_none():
         room.fan_out(0, b"frame", 0.0, -1, 150, 1)
 
 
-def test_collect_inputs_refuses_a_slot_that_is_none():
+def test_making_up_inputs_refuses_a_slot_that_is_none():
     room = quiet_room()
     room.slots = [None]
+    room.missing_input_policy = "repeat"
     with pytest.raises(TypeError, match="slots"):
-        room.collect_inputs(0)
+        room.make_up_inputs()
 
 
 def test_encode_frame_refuses_a_negative_frame_number_or_event_slot():
