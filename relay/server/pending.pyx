@@ -82,7 +82,7 @@ cdef class PendingInputs:
         cdef Cell* cell = &self.cells[row * self.capacity + slot]
         cdef Py_ssize_t wanted = target.used + size, grown
         cdef uint8_t* data_grown
-        if wanted > target.allocated:
+        if wanted > target.allocated or target.data == NULL:    # a payload's data is never NULL
             grown = max(wanted, 2 * <Py_ssize_t>target.allocated,
                         self.capacity * FIRST_BYTES_PER_SLOT)
             data_grown = <uint8_t*>PyMem_Realloc(target.data, grown)

@@ -181,7 +181,8 @@ def _ensure_cython() -> None:
 def _sources() -> list[pathlib.Path]:
     out = [ROOT / "setup.py"]
     for package in PACKAGES:
-        out += sorted(p for p in (ROOT / package).iterdir() if p.suffix in (".py", ".pyx", ".pxd"))
+        # Every level: a change to relay/server/pending.pyx must rebuild as one to relay/frames.pyx.
+        out += sorted(p for p in (ROOT / package).rglob("*") if p.suffix in (".py", ".pyx", ".pxd"))
     return out
 
 
@@ -343,7 +344,7 @@ def test_atheris_fuzz_of_the_endpoint_under_asan(fuzz_build, tmp_path):
 def test_relay_fuzz_of_client_messages_under_asan(asan_build):
     """tests/fuzz/fuzz_relay.py on the gcc build: valid, mutated and hostile JOIN, READY,
     CHECKSUM, LEAVE and INPUT messages from in-memory clients through RelayServer._on_message,
-    the InputRouter and the compiled Room (accept_input, collect_inputs, fan_out, the frame
+    the InputRouter and the compiled Room (accept_input, the pending rows, fan_out, the frame
     encoder) with ticks, disconnects, timeouts, spectators and catch-up blocks; no ASan report,
     no broken invariant."""
     harness = ROOT / "tests" / "fuzz" / "fuzz_relay.py"

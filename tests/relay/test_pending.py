@@ -133,3 +133,13 @@ def test_matches_a_dict_of_frames_and_the_encoder_through_puts_drops_repeats_and
         assert pending.previous() == previous
         first += 1
         assert pending.first == first
+
+
+def test_an_empty_input_is_an_input_even_first_in_its_row():
+    pending = PendingInputs(2, 4)
+    assert pending.put(0, 1, b"") and not pending.put(0, 1, b"x")
+    assert pending.missing(2) == [0]
+    frame = pending.close(0, 2, None, None)
+    assert frame == encode_frame_of(0, [None, b""], [], [])
+    pending.put(1, 1, b"")
+    assert pending.close(1, 2, None, None) == encode_frame_of(1, [None, b""], [], [], [None, b""])
