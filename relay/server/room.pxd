@@ -19,7 +19,7 @@ cdef class Room
 
 
 cdef class Member:
-    cdef public int peer_id
+    cdef public object peer_id          # an int, kept as the object: a frame's recipients list it each tick
     cdef public str player
     cdef public object slot             # slot index, or None for a spectator
     cdef public bint spectator

@@ -109,6 +109,8 @@ class Member:
                  next_live: int = 0, catching_up: bool = False, blocks_in_flight: int = 0,
                  block_first: int = 0, block_end: int = -1, last_sent: int = -1,
                  missing_from: Optional[int] = None, reported: bool = False):
+        if type(peer_id) is not int:
+            raise TypeError(f"peer_id must be an int, not {type(peer_id).__name__}")
         self.peer_id = peer_id
         self.player = player
         self.slot = slot
