@@ -248,7 +248,7 @@ def run(seconds: float, players: int, loss: float, model: str, delay: int, seed:
         if next_tick is not None and now >= next_tick - 1e-9:
             data = room.tick(now)
             frame_sizes.append(len(data))
-            frame = room.last_inputs
+            frame = room.pending.previous()[:len(room.slots)]    # the frame just closed
             legacy_sizes.append(len(msgpack.packb([30, room.open_frame - 1, frame, []],
                                                   use_bin_type=True)))
             carry_out()

@@ -21,7 +21,7 @@ delay the player needs for its inputs to make their frames; the room advises it 
 
 Compiled: relay/server/room.pxd declares ``Slot``, ``Member`` and ``Room`` as extension types with C
 fields (every tick and every input reads them for every player) and their per-input and
-per-tick methods as C methods (``accept_input``, ``collect_inputs``, ``fan_out``). This file is
+per-tick methods as C methods (``accept_input``, ``make_up_inputs``, ``fan_out``). This file is
 the source of both: uncompiled it is the same room, in plain Python.
 """
 from __future__ import annotations
