@@ -12,3 +12,7 @@ cdef struct InputRef:
 cdef bytes encode_frame_refs(Py_ssize_t number, Py_ssize_t count, const InputRef* inputs,
                              const InputRef* previous, Py_ssize_t previous_count,
                              const uint8_t* synthesized, list events)
+
+# The bitmap of a frame's synthesized slots from their list (encode_frame_refs' argument).
+cdef int mark_synthesized(uint8_t* bitmap, list synthesized, Py_ssize_t count,
+                          Py_ssize_t number) except -1

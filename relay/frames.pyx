@@ -169,7 +169,7 @@ def encode_frame_of(Py_ssize_t number, frame_inputs, frame_events, list synthesi
     # Python code (an item's __eq__) that changes the caller's lists in between.
     cdef list inputs = list(frame_inputs)
     cdef tuple earlier = () if previous is None else tuple(previous)
-    cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3, slot, value
+    cdef Py_ssize_t count = len(inputs), width = (count + 7) >> 3, slot
     cdef Py_ssize_t previous_count = min(len(earlier), count)
     cdef InputRef refs_here[2 * BITMAP_BYTES_ON_STACK * 8]
     cdef uint8_t synth_here[BITMAP_BYTES_ON_STACK]
@@ -200,17 +200,26 @@ def encode_frame_of(Py_ssize_t number, frame_inputs, frame_events, list synthesi
                 refs[count + slot] = refs[slot]     # equal as Python compares them
             else:
                 refs[count + slot].size = -1
-        for value in synthesized:
-            slot = value
-            if not 0 <= slot < count or inputs[slot] is None:
-                raise ValueError(f"synthesized slot {slot} has no input in frame {number}")
-            synth[slot >> 3] |= 1 << (slot & 7)
+        mark_synthesized(synth, synthesized, count, number)
         return encode_frame_refs(number, count, refs, refs + count, previous_count,
                                  synth if synthesized else NULL, list(frame_events))
     finally:
         if refs != refs_here:
             PyMem_Free(refs)
             PyMem_Free(synth)
+
+
+cdef int mark_synthesized(uint8_t* bitmap, list synthesized, Py_ssize_t count,
+                          Py_ssize_t number) except -1:
+    """Set ``synthesized``'s slots in ``bitmap`` (zeroed, ``count`` bits); ValueError for a
+    slot outside the frame (one without an input the encoder refuses)."""
+    cdef Py_ssize_t slot
+    for value in synthesized:
+        slot = value
+        if not 0 <= slot < count:
+            raise ValueError(f"synthesized slot {slot} has no input in frame {number}")
+        bitmap[slot >> 3] |= 1 << (slot & 7)
+    return 0
 
 
 cdef inline void _ref(InputRef* ref, object payload) noexcept:

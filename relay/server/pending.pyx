@@ -19,7 +19,7 @@ from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport uint8_t, uint32_t
 from libc.string cimport memcpy, memset
 
-from relay.frames cimport encode_frame_refs
+from relay.frames cimport encode_frame_refs, mark_synthesized
 
 cdef enum:
     # Frames from the open one with a row: a client advised up to 15 frames of input delay
@@ -183,10 +183,7 @@ cdef class PendingInputs:
             self._refs(previous_row, refs + capacity)
             if synthesized:
                 memset(synth, 0, width)
-                for slot in synthesized:
-                    if not 0 <= slot < count:
-                        raise ValueError(f"synthesized slot {slot} has no input in frame {frame}")
-                    synth[slot >> 3] |= 1 << (slot & 7)
+                mark_synthesized(synth, synthesized, count, frame)
             out = encode_frame_refs(frame, count, refs, refs + capacity, count,
                                     synth if synthesized else NULL, events if events else None)
         finally:
