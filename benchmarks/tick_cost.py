@@ -17,7 +17,12 @@ Per tick, as the server does it under load:
               INPUTs into the room), its frame closed and queued, and each player flushed
     flush     Endpoint.datagrams_to_send: the datagrams, and whatever else is due
 
-    python benchmarks/tick_cost.py --players 768 --ticks 300 --repeat 3
+    python benchmarks/tick_cost.py --players 768 --ticks 300 --repeat 3 [--in-place]
+
+``--in-place`` takes the datagrams the way ``relay serve`` does (Harness): through a loopback
+socket, read with recvmmsg and taken in the receive buffer (receive), written into the
+endpoint's outbox (flush); the receive phase then includes the kernel's side of the reads.
+benchmarks/tick_misses.py counts this path by default.
 
 The best of ``--repeat`` runs is reported (the least disturbed by the rest of the machine), per
 phase in microseconds per player-tick.
@@ -29,6 +34,8 @@ import dataclasses
 import gc
 import json
 import os
+import resource
+import socket
 import sys
 import time
 from typing import Optional
@@ -37,11 +44,16 @@ if __package__ in (None, ""):           # run as a file: import benchmarks as a 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.players import MEMORY_SERVER_ADDRESS, ROOM_SIZE, MemoryPlayer
+from relay._batchio import BatchSocket
 from relay.config import RelayConfig
 from relay.logs import configure as configure_logs
 from relay.server.daemon import GC_THRESHOLD, RelayServer
 
 PHASES = ("receive", "events", "tick", "flush")
+# In place: datagrams read per recvmmsg (the server's batch), and players' datagrams sent
+# before the server reads them (well under what a default 208 KiB socket buffer holds).
+IN_PLACE_BATCH = 256
+IN_PLACE_CHUNK = 64
 
 
 def _nothing() -> None:
@@ -49,7 +61,16 @@ def _nothing() -> None:
 
 
 class Harness:
-    def __init__(self, players: int, tick_rate: int = 30, replays: bool = False):
+    """A RelayServer and its players in one process. ``in_place``: the players' datagrams reach
+    the server as they do in ``relay serve``: through a loopback UDP socket, read by a
+    ``BatchSocket`` (recvmmsg) whose endpoint takes connected players' DATA in the receive
+    buffer (``Endpoint.receive_raw``), and the server's DATA is written into the endpoint's
+    outbox (``flush_in_place``), handed to the players from there; the server's CPU then
+    includes the kernel's receive. Without it, ``Endpoint.receive_batch`` and
+    ``datagrams_to_send`` with a bytes object and an address tuple per datagram, no kernel."""
+
+    def __init__(self, players: int, tick_rate: int = 30, replays: bool = False,
+                 in_place: bool = False):
         config = RelayConfig()
         config = dataclasses.replace(
             # Every player is on 127.0.0.2: no per-source limits.
@@ -64,12 +85,78 @@ class Harness:
         self.interval = 1.0 / tick_rate
         self.now = 0.0
         self.players = [MemoryPlayer(i, self.now) for i in range(players)]
+        self.io: Optional[BatchSocket] = None
+        self.sockets: list[socket.socket] = []
+        if in_place:
+            self._open_sockets()
         self.by_address = {p.address: p for p in self.players}
         self.totals = dict.fromkeys(PHASES, 0.0)
         self.player_ticks = 0
         # Called right before and right after the server's calls of a timed tick
         # (benchmarks/tick_misses.py counts cache misses between them).
         self.server_calls_begin = self.server_calls_end = _nothing
+
+    def _open_sockets(self) -> None:
+        """The server's socket and one per player (each player's address is its socket's)."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = len(self.players) + 64
+        if soft < wanted:
+            if hard != resource.RLIM_INFINITY and hard < wanted:
+                raise SystemExit(f"tick_cost: {len(self.players)} players need {wanted} open "
+                                 f"files; the limit is {hard}")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        server.setblocking(False)
+        self.sockets.append(server)
+        self.io = BatchSocket(server.fileno(), max_datagrams=IN_PLACE_BATCH)
+        self.io.set_admission(self.endpoint, in_place=True)
+        for player in self.players:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(server.getsockname())
+            self.sockets.append(sock)
+            player.address = sock.getsockname()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
+
+    def _receive_in_place(self, arrival: float, timed: bool) -> float:
+        """The players' datagrams through the loopback socket, read as the server reads them
+        after each IN_PLACE_CHUNK (less than a default socket buffer holds); the server's CPU
+        time for the reads."""
+        spent, waiting = 0.0, 0
+        for player, sock in zip(self.players, self.sockets[1:]):
+            for data, _ in player.endpoint.datagrams_to_send(arrival):
+                sock.send(data)
+                waiting += 1
+            if waiting >= IN_PLACE_CHUNK:
+                spent += self._read(arrival, timed)
+                waiting = 0
+        if waiting:
+            spent += self._read(arrival, timed)
+        return spent
+
+    def _read(self, arrival: float, timed: bool) -> float:
+        io = self.io
+        assert io is not None
+        clock = time.process_time
+        if timed:
+            self.server_calls_begin()
+        t0 = clock()
+        while True:
+            before = io.datagrams_read
+            rest = io.recv(-1, arrival)
+            if rest:
+                self.endpoint.receive_batch(rest, arrival)
+            if io.datagrams_read == before:
+                break
+        spent = clock() - t0
+        if timed:
+            self.server_calls_end()
+        return spent
 
     def _deliver(self, datagrams, now: float) -> None:
         by_address = self.by_address
@@ -92,27 +179,36 @@ class Harness:
         server, endpoint = self.server, self.endpoint
         # Inputs arrive during the tick; the frame closes at its end.
         arrival = self.now + self.interval / 2
-        batch = self._client_datagrams(arrival)
+        if self.io is not None:
+            received = self._receive_in_place(arrival, timed)
+        else:
+            batch = self._client_datagrams(arrival)
         if timed:
             self.server_calls_begin()
         t0 = clock()
-        endpoint.receive_batch(batch, arrival)
+        if self.io is None:
+            endpoint.receive_batch(batch, arrival)
         t1 = clock()
         server.on_datagrams(arrival)
         t2 = clock()
         self.now += self.interval
         server.tick(self.now)
         t3 = clock()
-        out = endpoint.datagrams_to_send(self.now)
+        if self.io is not None:
+            out = self.io.flush_in_place(self.now)
+        else:
+            out = endpoint.datagrams_to_send(self.now)
         t4 = clock()
         if timed:
             self.server_calls_end()
             totals = self.totals
-            totals["receive"] += t1 - t0
+            totals["receive"] += t1 - t0 if self.io is None else received
             totals["events"] += t2 - t1
             totals["tick"] += t3 - t2
             totals["flush"] += t4 - t3
             self.player_ticks += len(self.players)
+        if self.io is not None:
+            out = out + self.io.outbox_datagrams(0)
         self._deliver(out, self.now + 0.001)
 
     def run(self, ticks: int, warmup: int) -> dict:
@@ -129,7 +225,9 @@ class Harness:
         per = {phase: 1e6 * seconds / self.player_ticks for phase, seconds in self.totals.items()}
         per["total"] = sum(per.values())
         return {"players": len(self.players), "ticks": ticks, "frames_received": frames,
-                "frames_expected": ticks * len(self.players), "us_per_player_tick": per}
+                "frames_expected": ticks * len(self.players), "us_per_player_tick": per,
+                # In place: the datagrams the server took in its receive buffer (warm-up too).
+                "datagrams_in_place": None if self.io is None else self.io.taken_in_place}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -138,6 +236,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ticks", type=int, default=300, help="measured ticks per run (default 300)")
     parser.add_argument("--warmup", type=int, default=60, help="ticks before measuring (default 60)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="datagrams through a loopback socket, as relay serve takes them "
+                             "(the receive phase then includes the kernel's)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     configure_logs("warning")
@@ -148,11 +249,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     runs = []
     for _ in range(args.repeat):
         gc.collect()
-        runs.append(Harness(args.players).run(args.ticks, args.warmup))
+        harness = Harness(args.players, in_place=args.in_place)
+        try:
+            runs.append(harness.run(args.ticks, args.warmup))
+        finally:
+            harness.close()
     best = min(runs, key=lambda r: r["us_per_player_tick"]["total"])
     lost = best["frames_expected"] - best["frames_received"]
+    kernel = "the kernel's receive included" if args.in_place else "no kernel"
     print(f"tick cost: {best['players']} players, {best['ticks']} ticks, best of {args.repeat} "
-          f"(server CPU only, no kernel; frames short {lost})")
+          f"(server CPU only, {kernel}; frames short {lost})")
     for phase in PHASES + ("total",):
         values = " ".join(f"{r['us_per_player_tick'][phase]:6.2f}" for r in runs)
         print(f"  {phase:8s} {best['us_per_player_tick'][phase]:6.2f} us/player-tick   (runs: {values})")

@@ -66,7 +66,7 @@ def build_toggle(directory: str) -> str:
     return library
 
 
-def child(library: str, players: int, ticks: int, warmup: int) -> int:
+def child(library: str, players: int, ticks: int, warmup: int, path: str) -> int:
     """Runs under callgrind: tick_cost's harness, counting only the server's calls."""
     import ctypes
 
@@ -77,7 +77,7 @@ def child(library: str, players: int, ticks: int, warmup: int) -> int:
     toggle = ctypes.CDLL(library).relay_toggle_collect
     configure_logs("warning")
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
-    harness = Harness(players)
+    harness = Harness(players, in_place=path == "in-place")
     for _ in range(warmup):
         harness.tick(False)
     gc.collect()
@@ -182,15 +182,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ll-kib", type=int, default=1024,
                         help="the simulated last-level cache, KiB (a power of two; default 1024)")
     parser.add_argument("--top", type=int, default=20, help="functions listed (default 20)")
+    parser.add_argument("--path", choices=("in-place", "memory"), default="in-place",
+                        help="in-place (default): the players' datagrams through a loopback "
+                             "socket, taken as relay serve takes them (recvmmsg, receive_raw, "
+                             "the outbox); memory: receive_batch and datagrams_to_send, a bytes "
+                             "object and an address tuple per datagram (the figures before "
+                             "2026-11-28, night)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--keep", metavar="PATH",
                         help="keep callgrind's output there (for callgrind_annotate)")
-    parser.add_argument("--child", nargs=4, metavar=("LIBRARY", "PLAYERS", "TICKS", "WARMUP"),
+    parser.add_argument("--child", nargs=5, metavar=("LIBRARY", "PLAYERS", "TICKS", "WARMUP", "PATH"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        library, players, ticks, warmup = args.child
-        return child(library, int(players), int(ticks), int(warmup))
+        library, players, ticks, warmup, path = args.child
+        return child(library, int(players), int(ticks), int(warmup), path)
     if args.players < 8 or args.ticks < 1 or args.warmup < 1:
         parser.error("--players at least 8, --ticks and --warmup at least 1")
     if args.ll_kib < 64 or args.ll_kib & (args.ll_kib - 1):
@@ -204,7 +210,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         command = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--collect-atstart=no",
                    "--I1=32768,8,64", "--D1=32768,8,64", f"--LL={args.ll_kib * 1024},16,64",
                    f"--callgrind-out-file={output}", sys.executable, os.path.abspath(__file__),
-                   "--child", library, str(args.players), str(args.ticks), str(args.warmup)]
+                   "--child", library, str(args.players), str(args.ticks), str(args.warmup),
+                   args.path]
         env = dict(os.environ, PYTHONHASHSEED="0")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
         run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
@@ -219,8 +226,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary = summarize(totals, rows, result["player_ticks"], args.top)
     expected = args.players * args.ticks
     print(f"tick misses: {args.players} players, {args.ticks} ticks after {args.warmup}, server "
-          f"calls only (simulated D1 32 KiB, LL {args.ll_kib} KiB; frames short "
-          f"{expected - result['frames']})")
+          f"calls only, datagrams {args.path} (simulated D1 32 KiB, LL {args.ll_kib} KiB; "
+          f"frames short {expected - result['frames']})")
     print(f"  per player-tick: {summary['instructions']:,.0f} instructions, "
           f"{summary['d1_misses']:.1f} D1 misses, {summary['ll_misses']:.1f} LL misses "
           f"({summary['ll_read_misses']:.1f} reads, {summary['ll_write_misses']:.1f} writes)")
@@ -234,6 +241,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(summary, players=args.players, ticks=args.ticks, warmup=args.warmup,
+                           path=args.path,
                            ll_kib=args.ll_kib, player_ticks=result["player_ticks"]), f, indent=2)
     return 0
 

@@ -57,6 +57,7 @@ def test_tick_misses_smoke_run_counts_the_servers_misses_per_player_tick(tmp_pat
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
     assert figures["player_ticks"] == 16 * 2
+    assert figures["path"] == "in-place"        # the server's own receive and flush
     assert figures["instructions"] > 1000 and figures["ll_misses"] > 0
     assert abs(figures["ll_misses"] - figures["ll_read_misses"] - figures["ll_write_misses"]) < 1e-9
     assert "relay_core.peer" in figures["ll_misses_by_module"]
