@@ -60,7 +60,8 @@ cdef inline bint units_hold(const SentUnits* units, uint64_t start) noexcept:
 
 
 cdef struct OutMessage:
-    # Doubles first and small fields packed together: one per window slot per peer, 64 bytes.
+    # Doubles first and small fields packed together: one per window slot per peer, 64 bytes,
+    # one line each (the window comes from prefetch.lines_alloc).
     PyObject* payload           # owned: bytes, or the list of its fragments (bytes); NULL if free
     double first_sent           # < 0: never sent
     double deadline             # next RTO expiry

@@ -28,7 +28,7 @@ from relay_core.fragment cimport (
     ADMIT_OK, PIECE_OVERHEAD, STORAGE_OVERHEAD, STORAGE_SLOT, MemoryBudget, PartialMessage, refusal,
     split_message,
 )
-from relay_core.prefetch cimport relay_prefetch
+from relay_core.prefetch cimport lines_alloc, lines_free, relay_prefetch
 from relay_core.seqbuf cimport SequenceBuffer
 from relay_core.wire cimport (
     Record, RK_MESSAGE, RK_FRAGMENT, MESSAGE_RECORD_OVERHEAD, FRAGMENT_RECORD_OVERHEAD,
@@ -218,12 +218,13 @@ cdef class ReliableSendChannel(SendChannel):
         if self.msgs != NULL:
             for i in range(self.capacity):
                 Py_XDECREF(self.msgs[i].payload)
-        PyMem_Free(self.msgs)
+        lines_free(self.msgs)
 
     cdef void resize(self, int capacity) except *:
         """Storage for ``capacity`` ids (a power of two): every message in flight moves to its
         slot in the new ring, its payload reference with it."""
-        cdef OutMessage* msgs = <OutMessage*>PyMem_Malloc(capacity * sizeof(OutMessage))
+        # A slot per line: an ack reads and writes one line of the window, not two.
+        cdef OutMessage* msgs = <OutMessage*>lines_alloc(capacity * sizeof(OutMessage))
         cdef list fragment_acks = None if self.fragment_acks is None else [None] * capacity
         cdef uint16_t msg_id = self.oldest
         cdef OutMessage* m
@@ -240,7 +241,7 @@ cdef class ReliableSendChannel(SendChannel):
                     if fragment_acks is not None:
                         fragment_acks[new_slot] = self.fragment_acks[msg_id & (self.capacity - 1)]
                 msg_id += 1
-            PyMem_Free(self.msgs)
+            lines_free(self.msgs)
         self.msgs = msgs
         self.capacity = capacity
         self.fragment_acks = fragment_acks

@@ -5,7 +5,7 @@ the ``now`` it is handed. Datagram layout and record codecs live in wire.pyx; th
 what goes into each datagram and what an incoming one means.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.mem cimport PyMem_Free
 from libc.string cimport memcpy, memset
 
 cdef extern from *:
@@ -24,6 +24,7 @@ from relay_core.redundancy cimport (
 )
 from relay_core.fragment cimport MemoryBudget
 from relay_core.outbox cimport Outbox, outbox_commit, outbox_reserve
+from relay_core.prefetch cimport lines_alloc, lines_free
 from relay_core.block cimport BlockSender, BlockReceiver
 from relay_core.channel cimport (
     SentUnits, SentUnit, units_init, units_release, units_hold, SendChannel, ReceiveChannel,
@@ -193,7 +194,7 @@ cdef class Peer:
         if not 1 <= n <= 32768 or n & (n - 1):
             raise ValueError(f"config.sent_packet_buffer must be a power of two in 1..32768, got {n}")
         self.sent_size = n
-        self.sent = <SentPacket*>PyMem_Malloc(n * sizeof(SentPacket))
+        self.sent = <SentPacket*>lines_alloc(n * sizeof(SentPacket))     # no record across two lines
         if self.sent == NULL:
             raise MemoryError()
         memset(self.sent, 0, n * sizeof(SentPacket))
@@ -245,7 +246,7 @@ cdef class Peer:
         self.tokens_at = now
 
     def __dealloc__(self):
-        PyMem_Free(self.sent)
+        lines_free(self.sent)
         PyMem_Free(self.received_tags)
         units_release(&self.units)
 

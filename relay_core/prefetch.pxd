@@ -19,3 +19,23 @@ cdef inline void prefetch_lines(const void* start, Py_ssize_t size) noexcept nog
     while offset < size:
         relay_prefetch(p + offset)
         offset += 64
+
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void** memptr, size_t alignment, size_t size)
+    void free(void* ptr)
+
+
+cdef inline void* lines_alloc(size_t size) noexcept nogil:
+    """``size`` bytes starting on a 64-byte line (NULL: out of memory), for a ring whose slots
+    must each lie in one line: from PyMem_Malloc (16-byte aligned), a 64-byte slot spans two
+    lines and every other 32-byte one does, one more wait for memory per visit. Free it with
+    ``lines_free``."""
+    cdef void* p = NULL
+    if posix_memalign(&p, 64, size if size > 0 else 64) != 0:
+        return NULL
+    return p
+
+
+cdef inline void lines_free(void* p) noexcept nogil:
+    free(p)
