@@ -19,20 +19,23 @@ cdef class Room
 
 
 cdef class Member:
+    # What an input and the frame's fan-out read each tick first, together: with the object's
+    # header, its first line or two.
+    cdef public Room room
     cdef public object peer_id          # an int, kept as the object: a frame's recipients list it each tick
-    cdef public str player
     cdef public object slot             # slot index, or None for a spectator
     cdef public bint spectator
-    cdef public long long have
-    cdef public long long next_live
+    cdef public bint reported
     cdef public bint catching_up
+    cdef public long long have
+    cdef public long long last_sent
+    cdef public object missing_from
+    # Spectators, catching up and the player's name.
+    cdef public long long next_live
     cdef public long long blocks_in_flight
     cdef public long long block_first
     cdef public long long block_end
-    cdef public long long last_sent
-    cdef public object missing_from
-    cdef public bint reported
-    cdef public Room room
+    cdef public str player
     # the input-delay advice (players only; read at its reviews)
     cdef public object advised
     cdef public double advised_at
