@@ -11,8 +11,9 @@ from relay_core.prefetch cimport prefetch_lines, relay_prefetch
 # The connection's states and what moves it between them; peer.TRANSITIONS says which
 # (state, trigger) pairs are legal and where each leads (docs/PROTOCOL.md, section 9).
 cdef enum:
-    # Channels whose send and receive objects a peer reaches without its lists (channel_at).
-    INLINE_CHANNELS = 4
+    # Channels whose send and receive objects a peer reaches without its lists (channel_at): a
+    # relay's two (CONTROL, STREAM); others take the lists.
+    INLINE_CHANNELS = 2
     # Bytes of a channel object a datagram or a flush touches (its fields, not its window).
     CHANNEL_HOT_BYTES = 256
     # Bytes of the sink's object for the peer (the relay's room member) an input touches.
@@ -148,38 +149,38 @@ cdef class Peer:
     cdef double tokens_at
     cdef Rtt rtt
 
-    # blocks and where messages go
+    # where messages go
     cdef public MessageSink sink            # takes this channel's messages before they become events
     cdef public object sink_context         # the sink's own object for this peer (Endpoint.bind_sink)
     cdef object events
-    cdef readonly BlockSender block_out
-    cdef BlockReceiver block_in
 
-    # counters
+    # counters a clean stream moves on every datagram
     cdef readonly uint64_t packets_sent
     cdef readonly uint64_t packets_received
     cdef readonly uint64_t bytes_sent
     cdef readonly uint64_t bytes_received
     cdef readonly uint64_t packets_acked
-    cdef readonly uint64_t packets_lost
     cdef readonly uint64_t messages_received
-    cdef readonly uint64_t gap_losses           # packets judged lost by an ack gap
-
-    # token mode and packet protection (docs/PROTOCOL.md, "Packet protection")
     cdef readonly uint64_t send_counter     # counter of our next DATA/DISCONNECT; next_seq is its low 16 bits
-    cdef readonly uint64_t recv_counter     # highest packet counter from the peer that authenticated
-    cdef readonly bint has_recv_counter
 
     # the redundancy controller's link state (docs/PROTOCOL.md 12.5) and the address in C
     cdef LinkState link
     # The address in C, for the endpoint's address index (Endpoint._index): a sockaddr_in or
     # sockaddr_in6 (28 bytes), and its raw_address_key; 0: not in the index.
     cdef uint8_t raw_address[28]
-    # Read by sealed peers only (token mode): last, so an open peer's datagrams never touch them.
+    # Token mode and packet protection (docs/PROTOCOL.md, "Packet protection"), read by sealed
+    # peers only: last, so an open peer's datagrams never touch them.
+    cdef readonly bint has_recv_counter
+    cdef readonly uint64_t recv_counter     # highest packet counter from the peer that authenticated
     cdef uint8_t send_key[32]               # the session's ChaCha20-Poly1305 keys (relay_core.aead):
     cdef uint8_t receive_key[32]            # ours to seal, the peer's to open
 
-    # Cold: the handshake, token claims, path validation, the loss estimate
+    # Cold: blocks (only once blocks_busy says they have work), losses, the handshake, token
+    # claims, path validation, the loss estimate
+    cdef readonly BlockSender block_out
+    cdef BlockReceiver block_in
+    cdef readonly uint64_t packets_lost
+    cdef readonly uint64_t gap_losses           # packets judged lost by an ack gap
     cdef list send_channels             # every channel's; channel_at has the first ones
     cdef list recv_channels
     cdef readonly object address

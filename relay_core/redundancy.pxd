@@ -11,21 +11,22 @@ cdef enum:
     LINK_MODES = 4
 
 cdef struct LinkState:
+    # The doubles, then the counters and flags: 88 bytes, no padding.
     # Loss pattern: our datagrams as the acks judge them, in send order.
     double loss                 # EWMA of "lost" over every judged datagram
     double loss_after_loss      # EWMA of "lost" over datagrams judged right after a lost one
-    bint previous_lost
-    unsigned int judged         # datagrams judged so far (capped), for the averages' start
-    unsigned int judged_after_loss
-    unsigned int since_loss     # judged received in a row since the last one lost
     # Delay: the path's floor, and how far the smoothed RTT stands above it.
     double min_rtt              # least RTT sample of this window and the last (-1: none yet)
     double window_min           # least sample of the current window
     double window_start
     double queue_delay          # the last RTT sample over min_rtt, seconds
-    int high_samples            # samples in a row whose queue_delay passed the threshold
     double congested_until      # congested mode holds until then
     unsigned long long congestion_episodes
+    bint previous_lost
+    unsigned int judged         # datagrams judged so far (capped), for the averages' start
+    unsigned int judged_after_loss
+    unsigned int since_loss     # judged received in a row since the last one lost
+    int high_samples            # samples in a row whose queue_delay passed the threshold
     int mode                    # LINK_*: as of the last link_update
 
 cdef struct LinkSettings:
