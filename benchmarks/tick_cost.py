@@ -86,7 +86,8 @@ class Harness:
         self.now = 0.0
         self.players = [MemoryPlayer(i, self.now) for i in range(players)]
         self.io: Optional[BatchSocket] = None
-        self.sockets: list[socket.socket] = []
+        self.server_socket: Optional[socket.socket] = None
+        self.player_sockets: list[socket.socket] = []
         if in_place:
             self._open_sockets()
         self.by_address = {p.address: p for p in self.players}
@@ -105,47 +106,63 @@ class Harness:
                 raise SystemExit(f"tick_cost: {len(self.players)} players need {wanted} open "
                                  f"files; the limit is {hard}")
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.server_socket = server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         server.bind(("127.0.0.1", 0))
         server.setblocking(False)
-        self.sockets.append(server)
         self.io = BatchSocket(server.fileno(), max_datagrams=IN_PLACE_BATCH)
         self.io.set_admission(self.endpoint, in_place=True)
         for player in self.players:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind(("127.0.0.2", 0))
             sock.connect(server.getsockname())
-            self.sockets.append(sock)
+            self.player_sockets.append(sock)
             player.address = sock.getsockname()
 
     def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
-        self.sockets = []
+        for sock in self.player_sockets + [self.server_socket]:
+            if sock is not None:
+                sock.close()
+        self.server_socket, self.player_sockets = None, []
+
+    def _server_call(self, call, timed: bool) -> float:
+        """``call()`` as a server call of the tick (between server_calls_begin and _end when
+        ``timed``); the server's CPU time for it."""
+        if timed:
+            self.server_calls_begin()
+        t0 = time.process_time()
+        call()
+        spent = time.process_time() - t0
+        if timed:
+            self.server_calls_end()
+        return spent
+
+    def _receive(self, arrival: float, timed: bool) -> float:
+        """The players' datagrams to the server; the server's CPU time for taking them."""
+        if self.io is not None:
+            return self._receive_in_place(arrival, timed)
+        batch = self._client_datagrams(arrival)
+        return self._server_call(lambda: self.endpoint.receive_batch(batch, arrival), timed)
 
     def _receive_in_place(self, arrival: float, timed: bool) -> float:
         """The players' datagrams through the loopback socket, read as the server reads them
         after each IN_PLACE_CHUNK (less than a default socket buffer holds); the server's CPU
         time for the reads."""
         spent, waiting = 0.0, 0
-        for player, sock in zip(self.players, self.sockets[1:]):
+        for player, sock in zip(self.players, self.player_sockets):
             for data, _ in player.endpoint.datagrams_to_send(arrival):
                 sock.send(data)
                 waiting += 1
             if waiting >= IN_PLACE_CHUNK:
-                spent += self._read(arrival, timed)
+                spent += self._server_call(lambda: self._read(arrival), timed)
                 waiting = 0
         if waiting:
-            spent += self._read(arrival, timed)
+            spent += self._server_call(lambda: self._read(arrival), timed)
         return spent
 
-    def _read(self, arrival: float, timed: bool) -> float:
+    def _read(self, arrival: float) -> None:
+        """What waits on the server's socket, as the server's driver reads it."""
         io = self.io
         assert io is not None
-        clock = time.process_time
-        if timed:
-            self.server_calls_begin()
-        t0 = clock()
         while True:
             before = io.datagrams_read
             rest = io.recv(-1, arrival)
@@ -153,10 +170,6 @@ class Harness:
                 self.endpoint.receive_batch(rest, arrival)
             if io.datagrams_read == before:
                 break
-        spent = clock() - t0
-        if timed:
-            self.server_calls_end()
-        return spent
 
     def _deliver(self, datagrams, now: float) -> None:
         by_address = self.by_address
@@ -179,30 +192,22 @@ class Harness:
         server, endpoint = self.server, self.endpoint
         # Inputs arrive during the tick; the frame closes at its end.
         arrival = self.now + self.interval / 2
-        if self.io is not None:
-            received = self._receive_in_place(arrival, timed)
-        else:
-            batch = self._client_datagrams(arrival)
+        received = self._receive(arrival, timed)
         if timed:
             self.server_calls_begin()
-        t0 = clock()
-        if self.io is None:
-            endpoint.receive_batch(batch, arrival)
         t1 = clock()
         server.on_datagrams(arrival)
         t2 = clock()
         self.now += self.interval
         server.tick(self.now)
         t3 = clock()
-        if self.io is not None:
-            out = self.io.flush_in_place(self.now)
-        else:
-            out = endpoint.datagrams_to_send(self.now)
+        out = (endpoint.datagrams_to_send(self.now) if self.io is None
+               else self.io.flush_in_place(self.now))
         t4 = clock()
         if timed:
             self.server_calls_end()
             totals = self.totals
-            totals["receive"] += t1 - t0 if self.io is None else received
+            totals["receive"] += received
             totals["events"] += t2 - t1
             totals["tick"] += t3 - t2
             totals["flush"] += t4 - t3
